@@ -1,0 +1,353 @@
+"""LlamaGen GPT (class- and text-conditional) with 2-D RoPE and one static KV cache for every decoder.
+
+Parameter names and shapes follow the public LlamaGen checkpoints exactly, so their files load unchanged.
+Sequence layout: [cond_0 .. cond_{T-1}, img_0 .. img_{N-2}]; the last condition position predicts img_0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import UserError
+
+
+def find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    vocab_size: int = 16384
+    num_classes: int = 1000
+    model_type: str = "c2i"  # "c2i" (class ids) or "t2i" (caption features)
+    cls_token_num: int = 1  # condition positions T (LlamaGen t2i: 120)
+    image_tokens: int = 256  # N, a perfect square (16 x 16 for 256 px with VQ-16)
+    caption_dim: int = 2048
+    class_dropout_prob: float = 0.1
+    multiple_of: int = 256
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        grid = math.isqrt(self.image_tokens)
+        if grid * grid != self.image_tokens:
+            raise UserError(f"image_tokens={self.image_tokens} is not a perfect square; use e.g. 64, 256, 1024")
+        if self.dim % self.n_head or (self.dim // self.n_head) % 4:
+            raise UserError(f"dim={self.dim} must split into n_head={self.n_head} heads of a size divisible by 4")
+        if self.model_type not in ("c2i", "t2i"):
+            raise UserError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
+        if self.model_type == "c2i" and self.cls_token_num != 1:
+            raise UserError("a class-conditional (c2i) model has exactly one condition token: set cls_token_num: 1")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        return find_multiple(int(2 * 4 * self.dim / 3), self.multiple_of)
+
+    @property
+    def grid(self) -> int:
+        return math.isqrt(self.image_tokens)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Positions the model ever sees: T condition positions plus N - 1 image inputs, plus one spare row."""
+        return self.cls_token_num + self.image_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Upstream sizes (layers, heads, dim); the 3B model has head_dim 100.
+GPT_SIZES = {
+    "GPT-B": dict(n_layer=12, n_head=12, dim=768),
+    "GPT-L": dict(n_layer=24, n_head=16, dim=1024),
+    "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
+    "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
+    "GPT-3B": dict(n_layer=24, n_head=32, dim=3200),
+}
+
+
+def named_args(size: str, **overrides) -> ModelArgs:
+    if size not in GPT_SIZES:
+        raise UserError(f"unknown model size {size!r}; choose one of {', '.join(GPT_SIZES)} or give dim/n_layer/n_head")
+    return ModelArgs(**{**GPT_SIZES[size], **overrides})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w3 = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def precompute_rope_2d(args: ModelArgs) -> Tensor:
+    """[T + N, head_dim // 2, 2] (cos, sin); condition rows are all zero, as upstream (q = k = 0 there)."""
+    half = args.head_dim // 2
+    freqs = 1.0 / (args.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    t = torch.arange(args.grid, dtype=torch.float32)
+    f = torch.outer(t, freqs)  # [grid, head_dim // 4]
+    g = args.grid
+    grid_angles = torch.cat([f[:, None, :].expand(-1, g, -1), f[None, :, :].expand(g, -1, -1)], dim=-1)
+    table = torch.stack([grid_angles.cos(), grid_angles.sin()], dim=-1).flatten(0, 1)
+    return torch.cat([torch.zeros(args.cls_token_num, half, 2), table])
+
+
+def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
+    """x [B, S, H, hd]; rope [S, hd // 2, 2]; pairs are interleaved (x[2j], x[2j+1])."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    r = rope.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack(
+        [xs[..., 0] * r[..., 0] - xs[..., 1] * r[..., 1], xs[..., 1] * r[..., 0] + xs[..., 0] * r[..., 1]], dim=-1
+    )
+    return out.flatten(3).type_as(x)
+
+
+class KVCache(nn.Module):
+    """Static per-layer key/value storage [B, H, S, hd] shared by every decoder.
+
+    Slots are written at arbitrary indices (a block of tree nodes at once) and later compacted with `keep`, so
+    a verified tree path ends up contiguous, exactly as if its tokens had been decoded one by one.
+    """
+
+    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, dtype: torch.dtype, device):
+        super().__init__()
+        shape = (batch, n_head, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k[:, :, slots] = k
+        self.v[:, :, slots] = v
+        return self.k, self.v
+
+    def keep(self, src: Tensor, dst_start: int) -> None:
+        n = src.numel()
+        self.k[:, :, dst_start : dst_start + n] = self.k[:, :, src]
+        self.v[:, :, dst_start : dst_start + n] = self.v[:, :, src]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_head, self.head_dim = args.n_head, args.head_dim
+        self.wqkv = nn.Linear(args.dim, 3 * args.dim, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+        B, S, D = x.shape
+        q, k, v = self.wqkv(x).split(D, dim=-1)
+        q = apply_rope(q.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(B, S, self.n_head, self.head_dim).transpose(1, 2)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(slots, k, v)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(B, S, D))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, input_norm: bool = True):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        # The EAGLE drafter's single layer has no input norm; the target's layers all have one.
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps) if input_norm else nn.Identity()
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, slots)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LabelEmbedder(nn.Module):
+    def __init__(self, num_classes: int, dim: int):
+        super().__init__()
+        # Row num_classes is the CFG null class.
+        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+
+    def forward(self, labels: Tensor) -> Tensor:
+        return self.embedding_table(labels).unsqueeze(1)
+
+
+class CaptionEmbedder(nn.Module):
+    """Projects caption features (FLAN-T5-XL upstream) into the model width; `uncond_embedding` is the null caption."""
+
+    def __init__(self, caption_dim: int, dim: int, token_num: int):
+        super().__init__()
+        self.cap_proj = nn.Module()
+        self.cap_proj.fc1 = nn.Linear(caption_dim, dim, bias=False)
+        self.cap_proj.fc2 = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+
+    def forward(self, captions: Tensor) -> Tensor:
+        return self.cap_proj.fc2(F.gelu(self.cap_proj.fc1(captions), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        if args.model_type == "c2i":
+            self.cls_embedding = LabelEmbedder(args.num_classes, args.dim)
+        else:
+            self.cls_embedding = CaptionEmbedder(args.caption_dim, args.dim, args.cls_token_num)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layer))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Not a registered buffer upstream, so it never appears in checkpoints.
+        self.rope = precompute_rope_2d(args)
+        self.cache_key_valid: Tensor | None = None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def _apply(self, fn, *a, **kw):
+        # Keep the RoPE table on the model's device (fp32) without making it part of the state dict.
+        out = super()._apply(fn, *a, **kw)
+        probe = self.norm.weight
+        if probe.device.type != "meta":
+            if self.rope.device.type == "meta":  # built on the meta device, now materialised
+                self.rope = precompute_rope_2d(self.args)
+            self.rope = self.rope.to(probe.device)
+        return out
+
+    # -- embeddings -------------------------------------------------------------------------------------------
+    def null_cond(self, batch: int, device=None) -> Tensor:
+        """The CFG unconditional condition: the null class id, or the null caption features."""
+        device = device or self.output.weight.device
+        if self.args.model_type == "c2i":
+            return torch.full((batch,), self.args.num_classes, dtype=torch.long, device=device)
+        return self.cls_embedding.uncond_embedding.expand(batch, -1, -1).clone()
+
+    def drop_cond(self, cond: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
+        """Replace conditions by the null condition with probability p (classifier-free guidance training)."""
+        drop = torch.rand(cond.shape[0], device=cond.device, generator=generator) < p
+        null = self.null_cond(cond.shape[0], cond.device)
+        if self.args.model_type == "c2i":
+            return torch.where(drop, null, cond)
+        return torch.where(drop[:, None, None], null.to(cond.dtype), cond)
+
+    def embed_cond(self, cond: Tensor) -> Tensor:
+        return self.cls_embedding(cond)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        return self.tok_embeddings(tokens)
+
+    def head(self, hidden: Tensor) -> Tensor:
+        return self.output(hidden).float()
+
+    # -- forward passes ---------------------------------------------------------------------------------------
+    def run(self, x: Tensor, pos: Tensor, mask: Tensor | None = None, slots: Tensor | None = None):
+        """Transformer over embeddings x [B, S, dim] at RoPE positions `pos` [S]; returns (logits, post-norm hidden).
+
+        With a cache set up, `slots` [S] are the cache slots written and `mask` [B or 1, 1, S, max_len] the keys
+        each query may see. Without a cache, mask None means plain causal attention over x.
+        """
+        rope = self.rope[pos]
+        for layer in self.layers:
+            x = layer(x, rope, mask, slots)
+        hidden = self.norm(x)
+        return self.head(hidden), hidden
+
+    def forward(self, cond: Tensor, tokens: Tensor, cond_mask: Tensor | None = None):
+        """Teacher-forced pass. tokens = img[:, :-1] ([B, N-1]); returns logits [B, N, V] predicting img_0..img_{N-1}."""
+        T = self.args.cls_token_num
+        x = torch.cat([self.embed_cond(cond), self.embed_tokens(tokens)], dim=1)
+        S = x.shape[1]
+        mask = None
+        if cond_mask is not None:
+            mask = causal_mask(S, S, x.device) & key_mask(cond_mask, S)
+            mask = mask | torch.eye(S, dtype=torch.bool, device=x.device)
+        logits, hidden = self.run(x, torch.arange(S, device=x.device), mask)
+        return logits[:, T - 1 :], hidden[:, T - 1 :]
+
+    # -- cache management -------------------------------------------------------------------------------------
+    def setup_cache(self, batch: int, dtype: torch.dtype | None = None, extra: int = 0) -> None:
+        """Allocate a fresh cache for `batch` rows; `extra` spare slots hold unverified draft-tree nodes."""
+        p = self.output.weight
+        max_len = self.args.max_seq_len + extra
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(batch, self.args.n_head, max_len, self.args.head_dim, dtype or p.dtype, p.device)
+        self.cache_key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=p.device)
+
+    def clear_cache(self) -> None:
+        for layer in self.layers:
+            layer.attention.kv_cache = None
+        self.cache_key_valid = None
+
+    @property
+    def cache_len(self) -> int:
+        return self.layers[0].attention.kv_cache.k.shape[2]
+
+    def set_cond_mask(self, cond_mask: Tensor) -> None:
+        """Hide left-padding caption positions from every query (upstream semantics for t2i)."""
+        self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+
+    def keep(self, src: Tensor, dst_start: int) -> None:
+        for layer in self.layers:
+            layer.attention.kv_cache.keep(src, dst_start)
+
+    def forward_cached(self, x: Tensor, pos: Tensor, slots: Tensor, visible: Tensor):
+        """Cached pass: embeddings x [B, S, dim] at RoPE positions `pos`, written to `slots`.
+
+        visible [S, max_len] bool says which cache slots each query attends to (causal prefix, or prefix plus
+        tree ancestors). A query always sees its own slot, so fully padded conditions never give NaN.
+        """
+        own = torch.zeros_like(visible)
+        own[torch.arange(len(slots), device=x.device), slots] = True
+        mask = (visible[None, None] & self.cache_key_valid[:, None, None, :]) | own[None, None]
+        return self.run(x, pos, mask, slots)
+
+
+def causal_mask(q_len: int, k_len: int, device, start: int = 0) -> Tensor:
+    """[q_len, k_len]: query i (at position start + i) sees keys 0 .. start + i."""
+    q = torch.arange(q_len, device=device)[:, None] + start
+    return torch.arange(k_len, device=device)[None, :] <= q
+
+
+def key_mask(cond_mask: Tensor, k_len: int) -> Tensor:
+    """[B, 1, 1, k_len]: padded condition positions are hidden; image positions always visible."""
+    B, T = cond_mask.shape
+    valid = torch.ones(B, k_len, dtype=torch.bool, device=cond_mask.device)
+    valid[:, :T] = cond_mask.bool()
+    return valid[:, None, None, :]
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
