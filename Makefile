@@ -1,0 +1,34 @@
+# Two commands for a fresh clone: `make run` (the default pipeline) and `make test` (the test suite).
+# Both create .venv on first use; a later call reinstalls only when pyproject.toml changed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CORES ?= all
+CONFIG ?= config/config.yaml
+
+.PHONY: setup run test smoke lint report dag clean-results
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report results/report.html
+
+test: setup
+	$(BIN)/python -m pytest
+
+smoke: setup
+	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml --directory results/smoke
+
+lint: setup
+	$(BIN)/snakemake --lint --configfile $(CONFIG)
+
+dag: setup
+	$(BIN)/snakemake --configfile $(CONFIG) --dag mermaid-js > results/dag.mmd

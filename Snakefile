@@ -1,0 +1,20 @@
+# lantern-pipeline: neighbour tables -> generation sweeps -> metrics -> tables -> figures.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/toy.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True

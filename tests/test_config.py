@@ -1,0 +1,69 @@
+"""A bad config stops the run with one line that names the key and says how to fix it."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lantern.config import expand_methods, validate_config
+from lantern.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lantern_method(**kw):
+    return {"sweep": {"methods": [{"name": "lantern", "delta": [0.1], "k": [5], **kw}]}}
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"sedd": 1}, r"unknown key sedd; allowed keys there: .*seed"),
+    ({"sweep": {"bogus": 1}}, r"unknown key sweep\.bogus"),
+    ({"seed": "zero"}, r"seed = 'zero' has the wrong type; it must be a integer"),
+    ({"sampling": {"top_p": 1.5}}, r"sampling\.top_p"),
+    (lantern_method(delta=[-0.1]), r"sweep\.methods\[0\]\.delta = -0\.1 is negative"),
+    (lantern_method(k=[10_000]), r"k = 10000 is larger than neighbours\.max_k"),
+    ({"neighbours": {"max_k": 600}}, r"neighbours\.max_k = 600 exceeds the codebook's 511 other codes"),
+    ({"sweep": {"methods": [{"name": "lanternpp", "lam": [1.0], "k": [5]}]}}, r"lam = 1\.0 must be > 1"),
+    ({"sweep": {"methods": [{"name": "lanternpp", "k": [5]}]}}, r"needs lam"),
+    ({"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_B_256.pt", "vq_ckpt": "x"}},
+     r"llamagen\.gpt_ckpt = /nope/c2i_B_256\.pt does not exist"),
+    ({"metrics": {"fid_extractor": "inception-v3-compat"}}, r"metrics\.inception_weights is empty"),
+    ({"device": "gpu"}, r"device"),
+])
+def test_bad_config_names_the_key(cfg, message):
+    with pytest.raises(UserError, match=message) as err:
+        validate_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_defaults_are_filled_and_grid_expands():
+    cfg = validate_config({"sweep": {"methods": [
+        {"name": "vanilla"}, {"name": "exact", "gamma": [4, 8]},
+        {"name": "lantern", "delta": [0.1, 0.2], "k": [5, 10]},
+    ]}})
+    assert cfg["sampling"]["cfg_scale"] == 2.0 and cfg["neighbours"]["metric"] == "l2"
+    points = expand_methods(cfg)
+    assert sorted(points) == sorted([
+        "vanilla", "vanilla-control", "exact-chain-g4", "exact-chain-g8",
+        "lantern-chain-g4-d0.1-k5", "lantern-chain-g4-d0.1-k10", "lantern-chain-g4-d0.2-k5", "lantern-chain-g4-d0.2-k10",
+    ])
+    assert points["vanilla-control"]["seed"] != points["vanilla"]["seed"]
+
+
+def test_shipped_configs_are_valid():
+    for name in ("config.yaml", "smoke.yaml"):
+        path = ROOT / "config" / name
+        if path.exists():
+            validate_config(yaml.safe_load(path.read_text()) or {})
+
+
+def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(lantern_method(delta=[-0.5])))
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0
+    assert "error: config: sweep.methods[0].delta = -0.5 is negative" in out.stderr
