@@ -4,10 +4,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+configfile: f"{workflow.basedir}/config/config.yaml"
 
 
-report: "workflow/report/workflow.rst"
+report: f"{workflow.basedir}/workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"

@@ -1,0 +1,351 @@
+"""Cluster execution: the SLURM profile run on a real one-node SLURM, its static checks, and the local-GPU
+device allocator.
+
+The `slurm` tests install Debian's SLURM + munge when missing (root), start munged/slurmctld/slurmd on
+localhost (tests/slurm/cluster.py), run the workflow through workflow/profiles/slurm with its sizes cut to
+this machine, and stop every daemon they started by PID, also on failure. The workflow is the project's
+smoke DAG (Snakefile + config/smoke.yaml) once both exist, else the stand-in tests/slurm/mini/Snakefile.
+"""
+import fcntl
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+import cluster  # noqa: E402
+import profile_check  # noqa: E402
+
+SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm"
+LOCAL_GPU_PROFILE = REPO / "workflow" / "profiles" / "local-gpu"
+GPU_RUN = LOCAL_GPU_PROFILE / "gpu_run.py"
+MINI = REPO / "tests" / "slurm" / "mini" / "Snakefile"
+SMOKE = (REPO / "Snakefile").exists() and (REPO / "config" / "smoke.yaml").exists()
+WORKFLOWS = {
+    "smoke": ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(REPO / "config" / "smoke.yaml")],
+    "mini": ["--snakefile", str(MINI)],
+}
+WORKFLOW = "smoke" if SMOKE else "mini"
+GPU_RULES = ("generate", "train_drafter", "evaluate")
+LOCAL_RULES = ("tables", "figures")
+# Workflow outputs that hold wall-clock measurements: both runs must produce them, but they cannot be equal.
+TIMING_GLOBS: tuple[str, ...] = ()
+# Folders of a working directory that are not results: Snakemake's metadata, job and SLURM logs.
+NOT_RESULTS = (".snakemake", "logs")
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
+RULE_LINE = re.compile(r"^(local)?rule (\w+):$", re.M)
+RUN_TIMEOUT = 600
+
+
+def snakemake_cmd(*args: str) -> list[str]:
+    # --workflow-profile none: exercise exactly the profile given, never a workflow/profiles/default.
+    return [sys.executable, "-m", "snakemake", "--workflow-profile", "none", *args]
+
+
+def env() -> dict[str, str]:
+    # Rules call the venv's console scripts (`lantern ...`), also when pytest was started as .venv/bin/python.
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+
+def run(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
+    with open(log, "w") as out:
+        r = subprocess.run(cmd, cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    return r
+
+
+def tail(path: Path, n: int = 60) -> str:
+    return "\n".join(path.read_text().splitlines()[-n:])
+
+
+# --- the profiles' static checks: no cluster needed ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rules() -> set[str]:
+    return profile_check.workflow_rules(WORKFLOWS[WORKFLOW])
+
+
+def load(profile_dir: Path) -> dict:
+    return yaml.safe_load((profile_dir / "config.yaml").read_text())
+
+
+def test_profiles_pass_check(rules):
+    assert profile_check.check_profile(SLURM_PROFILE, rules) == []
+    assert profile_check.check_profile(LOCAL_GPU_PROFILE, rules) == []
+
+
+def test_slurm_profile_requests():
+    p = load(SLURM_PROFILE)
+    assert p["executor"] == "slurm"
+    # sacct hangs without slurmdbd; squeue works everywhere.
+    assert p["slurm-status-command"] == "squeue"
+    assert p["slurm-logdir"] and p["slurm-keep-successful-logs"] is True
+    assert p["retries"] >= 1
+    defaults = p["default-resources"]
+    # The user fills in partition/account; an account set on a cluster without slurmdbd breaks submission.
+    assert "slurm_account" not in defaults and "slurm_partition" not in defaults
+    assert profile_check.evaluate(defaults["mem_mb"], 1) > 0
+    for res in [defaults, *p["set-resources"].values()]:
+        if "runtime" in res:  # more time on each retry
+            assert profile_check.evaluate(res["runtime"], 2) > profile_check.evaluate(res["runtime"], 1)
+    for rule in GPU_RULES:
+        assert p["set-resources"][rule]["gpu"] >= 1 and p["set-resources"][rule]["cpus_per_gpu"] >= 1
+    for rule in LOCAL_RULES:  # run by Snakemake itself (localrules), so nothing to request
+        assert rule not in p["set-resources"]
+
+
+TYPOS = [
+    ("    gpu: 1", "    gpus: 1", "unknown resource 'gpus'"),
+    ("    cpus_per_gpu: 8", "    cpus_per_gup: 8", "unknown resource 'cpus_per_gup'"),
+    ("  runtime: 60 * attempt", "  runtmie: 60 * attempt", "unknown resource 'runtmie'"),
+    ("  generate:", "  generat:", "unknown rule 'generat'"),
+    ("    cpus_per_gpu: 8", "    cpus_per_gpu: 8.5", "cpus_per_gpu=8.5"),
+    ("    runtime: 240 * attempt", "    runtime: 240 * atempt", "runtime='240 * atempt'"),
+    ("slurm-status-command:", "slurm-status-comand:", "unknown option 'slurm-status-comand'"),
+]
+
+
+@pytest.mark.parametrize("old,new,problem", TYPOS, ids=[t[1].strip() for t in TYPOS])
+def test_profile_typo_is_caught(tmp_path, rules, old, new, problem):
+    text = (SLURM_PROFILE / "config.yaml").read_text()
+    assert old in text, f"the profile changed: update this test's typo {old!r}"
+    (tmp_path / "config.yaml").write_text(text.replace(old, new, 1))
+    problems = profile_check.check_profile(tmp_path, rules)
+    assert any(problem in p for p in problems), problems
+
+
+def test_option_typo_fails_snakemake(tmp_path):
+    text = (SLURM_PROFILE / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text.replace("slurm-status-command:", "slurm-status-comand:"))
+    r = subprocess.run(snakemake_cmd("--profile", str(tmp_path), "-n", *WORKFLOWS["mini"],
+                                     "--directory", str(tmp_path / "wd")),
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "unrecognized arguments: --slurm-status-comand" in r.stderr
+
+
+# --- local-GPU device allocator ----------------------------------------------------------------------------
+
+def gpu_env(tmp_path: Path, pool: str) -> dict[str, str]:
+    e = env()
+    for var in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"):
+        e.pop(var, None)
+    return dict(e, LANTERN_GPUS=pool, LANTERN_GPU_LOCK_DIR=str(tmp_path / "locks"))
+
+
+def test_gpu_run_gives_free_devices_and_waits(tmp_path):
+    e = gpu_env(tmp_path, "0,1")
+    hold = [sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; sleep 3"]
+    first = subprocess.Popen(hold, env=e, stdout=subprocess.PIPE, text=True)
+    second = subprocess.Popen(hold, env=e, stdout=subprocess.PIPE, text=True)
+    try:
+        got = {first.stdout.readline().strip(), second.stdout.readline().strip()}
+        assert got == {"0", "1"}
+        t0 = time.monotonic()
+        third = subprocess.run([sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
+                               env=e, capture_output=True, text=True, timeout=30)
+        # Both devices were held for ~3 s: the third job waited for one of them.
+        assert third.stdout.strip() in {"0", "1"} and time.monotonic() - t0 > 1
+        assert "busy, waiting" in third.stderr
+    finally:
+        first.wait(timeout=30)
+        second.wait(timeout=30)
+
+
+def test_gpu_run_passes_through_without_pool_or_under_slurm(tmp_path):
+    echo = [sys.executable, str(GPU_RUN), "sh", "-c", "echo ${CUDA_VISIBLE_DEVICES-unset}"]
+    r = subprocess.run(echo, env=gpu_env(tmp_path, ""), capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "unset"  # empty pool = CPU machine: CUDA_VISIBLE_DEVICES untouched
+    r = subprocess.run(echo, env=dict(gpu_env(tmp_path, "0,1"), SLURM_JOB_ID="7", CUDA_VISIBLE_DEVICES="3"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "3"  # SLURM's assignment stands
+
+
+def hold_intervals(workdir: Path) -> list[tuple[float, float, str]]:
+    out = []
+    for log in (workdir / "logs" / "gpu").glob("*.log"):
+        text = log.read_text()
+        start = re.search(r"start (\S+) dev=(\S+)", text)
+        end = re.search(r"end (\S+)", text)
+        out.append((float(start[1]), float(end[1]), start[2]))
+    return out
+
+
+def test_local_gpu_profile_spreads_jobs_over_devices(tmp_path):
+    wd = tmp_path / "wd"
+    cmd = snakemake_cmd("--profile", str(LOCAL_GPU_PROFILE), "--cores", "2", "--resources", "gpu=2",
+                        *WORKFLOWS["mini"], "--directory", str(wd))
+    r = subprocess.run(cmd, cwd=REPO, env=gpu_env(tmp_path, "0,1"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    held = hold_intervals(wd)
+    assert len(held) == 5 and {dev for _, _, dev in held} == {"0", "1"}
+    overlapping = [(a, b) for i, a in enumerate(held) for b in held[i + 1:] if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping, "two GPU jobs should have run at once"
+    assert all(a[2] != b[2] for a, b in overlapping), held
+
+
+# --- the real SLURM run -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM test cluster needs root (apt-get, daemons as root)")
+    # One test cluster per machine: a second test session waits here instead of failing to bind the ports.
+    with open("/tmp/lantern-slurm-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cluster.conf_is_foreign():
+            pytest.skip(f"{cluster.SLURM_CONF} belongs to another SLURM installation; not touching it")
+        c = cluster.start(tmp_path_factory.mktemp("cluster"))
+        try:
+            yield c
+        finally:
+            cluster.stop(c)
+
+
+def scaled_profile(dst: Path) -> Path:
+    """The real SLURM profile with its sizes cut to this 2-CPU, fake-GPU node: same keys, same rules."""
+    p = load(SLURM_PROFILE)
+    for res in [p["default-resources"], *p["set-resources"].values()]:
+        for name, small in (("cpus_per_gpu", 1), ("cpus_per_task", 1), ("mem_mb", 1000)):
+            if name in res:
+                res[name] = small
+        if "gpu" in res:
+            res["gpu"] = min(res["gpu"], cluster.FAKE_GPUS)
+        if "slurm_partition" in res:
+            res["slurm_partition"] = cluster.PARTITION
+        res.pop("slurm_account", None)  # account checks need slurmdbd
+    # Poll a test cluster often; one thread per job keeps both runs' numerics identical (see local run).
+    p.update({"slurm-init-seconds-before-status-checks": 2, "seconds-between-status-checks": 2,
+              "max-threads": 1})
+    dst.mkdir(parents=True)
+    (dst / "config.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return dst
+
+
+def requested(profile: dict, rule: str, attempt: int = 1) -> dict:
+    res = {**profile["default-resources"], **profile["set-resources"].get(rule, {})}
+    return {k: profile_check.evaluate(v, attempt) for k, v in res.items()}
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True,
+                         text=True).stdout
+    return dict(re.findall(r"(?:^| )([\w/:]+)=(\S*)", out))
+
+
+def minutes(limit: str) -> int:
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + (s > 0)
+
+
+def result_hashes(workdir: Path) -> dict[str, str]:
+    out = {}
+    for f in sorted(workdir.rglob("*")):
+        rel = f.relative_to(workdir)
+        if f.is_file() and rel.parts[0] not in NOT_RESULTS:
+            out[str(rel)] = "timing" if any(rel.match(g) for g in TIMING_GLOBS) else \
+                hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def submitted_jobs(log: Path) -> list[tuple[str, Path]]:
+    return [(jid, Path(path)) for jid, path in SUBMITTED.findall(log.read_text())]
+
+
+def check_job(job: dict[str, str], want: dict, tag: str) -> None:
+    assert job["Partition"] == cluster.PARTITION, tag
+    assert minutes(job["TimeLimit"]) == want["runtime"], (tag, job["TimeLimit"], want)
+    assert job["MinMemoryNode"] == f"{want['mem_mb']}M", (tag, job["MinMemoryNode"], want)
+    if want.get("gpu"):
+        assert job.get("TresPerJob") == f"gres:gpu:{want['gpu']}", (tag, job.get("TresPerJob"))
+        assert job.get("CpusPerTres") == f"gres:gpu:{want['cpus_per_gpu']}", (tag, job.get("CpusPerTres"))
+    else:
+        assert "gpu" not in job.get("TresPerJob", ""), tag
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("workflow", [WORKFLOW])
+def test_slurm_run_matches_local_run(slurm, tmp_path, rules, workflow):
+    # A broken profile (misspelt resource or rule) fails here, before any job is submitted.
+    assert profile_check.check_profile(SLURM_PROFILE, rules) == []
+    profile = scaled_profile(tmp_path / "profile")
+    assert profile_check.check_profile(profile, rules) == []
+    wf = WORKFLOWS[workflow]
+    local_wd, slurm_wd = tmp_path / "local", tmp_path / "slurm"
+    local_log, slurm_log = tmp_path / "local.log", tmp_path / "slurm.log"
+
+    # The local reference runs while SLURM jobs wait in the queue and status polls, sharing the 2 cores.
+    with open(local_log, "w") as out:
+        local = subprocess.Popen(snakemake_cmd("--cores", "2", "--max-threads", "1", *wf,
+                                               "--directory", str(local_wd)),
+                                 cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.monotonic()
+        r = run(snakemake_cmd("--profile", str(profile), *wf, "--directory", str(slurm_wd)), slurm_log)
+        wall = time.monotonic() - t0
+        assert r.returncode == 0, tail(slurm_log)
+        assert local.wait(timeout=RUN_TIMEOUT) == 0, tail(local_log)
+    finally:
+        if local.poll() is None:
+            local.kill()
+            local.wait()
+
+    # Every non-local job went through sbatch and completed on the cluster, with the profile's requests.
+    log_text = slurm_log.read_text()
+    ran = RULE_LINE.findall(log_text)
+    cluster_rules = sorted(name for local_, name in ran if not local_)
+    jobs = submitted_jobs(slurm_log)
+    assert len(jobs) == len(cluster_rules) > 0, (jobs, cluster_rules)
+    scaled = load(profile)
+    rows = []
+    for jid, slurm_logfile in jobs:
+        job = scontrol_job(jid)
+        rule = re.fullmatch(r"rule_(\w+?)(?:_wildcards_.*)?", job["Comment"])[1]
+        assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (jid, job["JobState"])
+        check_job(job, requested(scaled, rule), f"job {jid} ({rule})")
+        # Logs land in the profile's predictable folder, and successful ones are kept.
+        assert slurm_logfile.is_file() and slurm_logfile.is_relative_to(slurm_wd / scaled["slurm-logdir"])
+        rows.append((jid, job["Comment"], job["SubmitTime"], job["StartTime"], job["EndTime"]))
+    submitted_rules = sorted(re.fullmatch(r"rule_(\w+?)(?:_wildcards_.*)?", c)[1] for _, c, *_ in rows)
+    assert submitted_rules == cluster_rules
+    assert any(r in submitted_rules for r in GPU_RULES), "no GPU job ran: the GPU requests went untested"
+    for rule in LOCAL_RULES:
+        assert rule not in submitted_rules
+        if any(name == rule for _, name in ran):
+            assert ("local", rule) in ran, f"{rule} must be a localrule"
+
+    # Same results as the local run, byte for byte.
+    local_h, slurm_h = result_hashes(local_wd), result_hashes(slurm_wd)
+    assert local_h, "the local run produced no results"
+    differ = sorted(k for k in local_h.keys() | slurm_h.keys() if local_h.get(k) != slurm_h.get(k))
+    assert not differ, f"results differ between the local and the SLURM run: {differ}"
+
+    report = tmp_path / "slurm_jobs.tsv"
+    report.write_text("jobid\tcomment\tsubmit\tstart\tend\n" + "".join("\t".join(r) + "\n" for r in rows))
+    print(f"\nSLURM run of the {workflow} DAG: {len(rows)} sbatch jobs, {wall:.0f} s wall; {report}")
+    for row in rows:
+        print("  " + "  ".join(row))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_retry_gets_more_time(slurm, tmp_path):
+    """A job failing once is resubmitted by the profile's `retries`, with `runtime` grown by `attempt`."""
+    profile = scaled_profile(tmp_path / "profile")
+    log = tmp_path / "flaky.log"
+    r = run(snakemake_cmd("--profile", str(profile), *WORKFLOWS["mini"], "--directory", str(tmp_path / "wd"),
+                          "results/flaky.txt"), log)
+    assert r.returncode == 0, tail(log)
+    jobs = [scontrol_job(jid) for jid, _ in submitted_jobs(log)]
+    assert [(j["JobState"], j["ExitCode"] == "0:0") for j in jobs] == [("FAILED", False), ("COMPLETED", True)]
+    scaled = load(profile)
+    for attempt, job in enumerate(jobs, start=1):
+        check_job(job, requested(scaled, "flaky", attempt), f"flaky attempt {attempt}")
+    assert minutes(jobs[1]["TimeLimit"]) > minutes(jobs[0]["TimeLimit"])

@@ -1,0 +1,85 @@
+"""Run a command on a GPU that no other gpu_run command holds, so parallel jobs do not pile onto GPU 0.
+
+    python workflow/profiles/local-gpu/gpu_run.py CMD [ARGS...]
+
+Snakemake counts GPU jobs (`--resources gpu=N`) but does not say which device a job should use. This wrapper
+takes the first free device of the pool, sets CUDA_VISIBLE_DEVICES to it, and execs CMD. The device is
+locked with flock on a file descriptor that CMD inherits, so the lock lasts exactly as long as CMD (and any
+child still holding the descriptor) lives, and is released by the kernel even after a crash or kill -9.
+When every device is taken, it waits for one.
+
+Pool: $LANTERN_GPUS (e.g. "0,1,3"), else $CUDA_VISIBLE_DEVICES, else the GPUs `nvidia-smi -L` lists.
+With an empty pool (a CPU machine), or inside a SLURM job (SLURM assigns the devices), CMD runs unchanged.
+Locks live in $LANTERN_GPU_LOCK_DIR (default /tmp/lantern-gpu-locks-<uid>): one machine, one folder.
+"""
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+POLL_SECONDS = 2.0
+
+
+def device_pool() -> list[str]:
+    for var in ("LANTERN_GPUS", "CUDA_VISIBLE_DEVICES"):
+        if var in os.environ:
+            return [d.strip() for d in os.environ[var].split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return re.findall(r"^GPU (\d+):", out, flags=re.M)
+
+
+def lock_dir() -> str:
+    return os.environ.get("LANTERN_GPU_LOCK_DIR", f"/tmp/lantern-gpu-locks-{os.getuid()}")
+
+
+def try_lock(path: str) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def acquire(pool: list[str]) -> tuple[str, int]:
+    """Lock the first free device of `pool`, waiting while all are held; returns (device, fd)."""
+    folder = lock_dir()
+    os.makedirs(folder, exist_ok=True)
+    waited = False
+    while True:
+        for dev in pool:
+            # Device ids may be UUIDs ("GPU-8f3c..."): keep the file name to safe characters.
+            fd = try_lock(os.path.join(folder, "gpu-" + re.sub(r"[^\w.-]", "_", dev) + ".lock"))
+            if fd is not None:
+                return dev, fd
+        if not waited:
+            print(f"gpu_run: all of {','.join(pool)} busy, waiting", file=sys.stderr, flush=True)
+            waited = True
+        time.sleep(POLL_SECONDS)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        sys.exit("usage: gpu_run.py CMD [ARGS...]")
+    pool = [] if "SLURM_JOB_ID" in os.environ else device_pool()
+    if pool:
+        dev, fd = acquire(pool)
+        os.set_inheritable(fd, True)  # CMD holds the lock from here on
+        os.environ["CUDA_VISIBLE_DEVICES"] = dev
+        print(f"gpu_run: CUDA_VISIBLE_DEVICES={dev}", file=sys.stderr, flush=True)
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        sys.exit(f"gpu_run: command not found: {argv[0]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
