@@ -1,0 +1,107 @@
+"""What the figure modules share: reading the tidy tables, point labels and picking representative points."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import UserError
+from ..tables import METHOD_LABELS, order_key
+
+
+def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
+    if tables is None:
+        raise UserError(f"this figure reads {name}; pass --tables <outdir>/tables (written by `lantern tables`)")
+    path = Path(tables) / name
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; run `lantern tables` first")
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise UserError(f"{path} lacks column(s) {', '.join(missing)}; rebuild it with this version of `lantern tables`")
+    return df
+
+
+def read_sweep(tables: Path | None, columns: list[str] = ()) -> pd.DataFrame:
+    base = ["mode", "point", "name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree"]
+    return read_table(tables, "sweep.csv", base + [c for c in columns if c not in base])
+
+
+def modes(df: pd.DataFrame, mode: str | None) -> list[str]:
+    """The modes to draw, greedy before sampling; --mode restricts to one."""
+    found = list(dict.fromkeys(df["mode"]))
+    if mode is None:
+        return sorted(found, key=lambda m: (m != "greedy", m))
+    if mode not in found:
+        raise UserError(f"--mode {mode} is not in the tables (found: {', '.join(found)})")
+    return [mode]
+
+
+def _num(v) -> str:
+    return f"{int(v)}" if float(v).is_integer() else f"{v:g}"
+
+
+def short_label(row) -> str:
+    """Compact point label for legends and panel titles, e.g. 'LANTERN δ=0.2 k=50' or 'Exact SD (dynamic)'."""
+    name = row["name"]
+    if name == "vanilla":
+        return "AR" if row["point"] == "vanilla" else "AR (control seed)"
+    parts = [METHOD_LABELS.get(name, str(name))]
+    if row["drafting"] != "chain":
+        parts.append(f"({row['drafting']})")
+    elif pd.notna(row.get("gamma")) and name == "exact":
+        parts.append(f"γ={_num(row['gamma'])}")
+    for key, sym in (("delta", "δ"), ("lam", "λ"), ("k", "k")):
+        if pd.notna(row.get(key)):
+            parts.append(f"{sym}={_num(row[key])}")
+    if pd.notna(row.get("residual")) and row.get("residual") not in ("bounded",):
+        parts.append(f"[{row['residual']}]")
+    return " ".join(parts)
+
+
+def shape_key(row) -> tuple:
+    """Points that differ only in their relaxation grid (delta / lam, k) share a shape key."""
+    clean = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # noqa: E731
+    return (row["name"], row["drafting"], clean(row.get("gamma")), clean(row.get("tree")), clean(row.get("residual")))
+
+
+def shape_label(key: tuple) -> str:
+    name, drafting, gamma, tree, residual = key
+    text = {"chain": f"chain γ={_num(gamma)}" if gamma is not None else "chain",
+            "static": f"static tree {tree}", "dynamic": "dynamic tree"}.get(drafting, str(drafting))
+    return text + (f", residual={residual}" if residual not in (None, "bounded") else "")
+
+
+def with_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """df plus a 'shape' column: the draft shape label that groups points of one relaxation grid."""
+    return df.assign(shape=[shape_label(shape_key(r)) for _, r in df.iterrows()])
+
+
+def select_points(df: pd.DataFrame, with_vanilla: bool = True) -> list[str]:
+    """Representative points of one mode: AR (+ control), every exact SD, and for each relaxed family the
+    weakest and strongest relaxation at its largest k."""
+    rows = sorted((r for _, r in df.iterrows()), key=order_key)
+    picked = [r["point"] for r in rows if r["name"] in ("vanilla", "exact") and (with_vanilla or r["name"] != "vanilla")]
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        if r["name"] not in ("vanilla", "exact"):
+            groups.setdefault(shape_key(r), []).append(r)
+    for group in groups.values():
+        top_k = max((r["k"] for r in group if pd.notna(r["k"])), default=None)
+        members = [r for r in group if top_k is None or r["k"] == top_k]
+        strength = "delta" if any(pd.notna(r["delta"]) for r in members) else "lam"
+        members.sort(key=lambda r: r[strength] if pd.notna(r[strength]) else -1)
+        picked += list(dict.fromkeys([members[0]["point"], members[-1]["point"]]))
+    return picked
+
+
+def pick(df: pd.DataFrame, points: list[str] | None, mode: str, with_vanilla: bool = True) -> pd.DataFrame:
+    """Rows of `mode` for the requested points (in that order) or the representative ones."""
+    part = df[df["mode"] == mode]
+    names = points or select_points(part, with_vanilla)
+    unknown = [p for p in names if p not in set(part["point"])]
+    if unknown:
+        raise UserError(f"point {unknown[0]!r} is not in the {mode} sweep; choose from {', '.join(part['point'])}")
+    return part.set_index("point").loc[names].reset_index()

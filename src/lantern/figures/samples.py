@@ -1,0 +1,56 @@
+"""Sample grids: one row per method, one column per image index (the same per-image seed in every row)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from PIL import Image
+
+from ..errors import UserError
+from .common import modes, pick, read_sweep, short_label
+
+
+@dataclass
+class Params:
+    indices: list[int] | None = None  # image indices (default: the first `columns` images every point has)
+    columns: int = 8
+    points: list[str] | None = None  # default: AR, control, exact SD, weakest/strongest relaxation per family
+
+
+def image_path(gen: Path, mode: str, point: str, index: int) -> Path | None:
+    hits = sorted((gen / mode / point).glob(f"shard*/images/{index:06d}.png"))
+    return hits[0] if hits else None
+
+
+def plot(inputs, p: Params):
+    if inputs.gen is None:
+        raise UserError("samples: pass --gen <outdir>/gen (the folder with {mode}/{point}/shard*/images)")
+    sweep = read_sweep(inputs.tables, ["n_images"])
+    mode = modes(sweep, inputs.mode)[0]
+    chosen = pick(sweep, p.points, mode)
+    indices = p.indices or list(range(min(p.columns, int(chosen["n_images"].min()))))
+    paths = {}
+    for point in chosen["point"]:
+        for i in indices:
+            paths[point, i] = image_path(inputs.gen, mode, point, i)
+            if paths[point, i] is None:
+                raise UserError(f"samples: no image {i:06d}.png under {inputs.gen / mode / point}/shard*/images; "
+                                "pick indices every point generated")
+    cell = 1.1
+    fig, axes = plt.subplots(len(chosen), len(indices), squeeze=False, layout="constrained",
+                             figsize=(cell * len(indices) + 2.6, cell * len(chosen) + 0.6))
+    for r, (_, row) in enumerate(chosen.iterrows()):
+        for c, i in enumerate(indices):
+            ax = axes[r, c]
+            ax.imshow(Image.open(paths[row["point"], i]).convert("RGB"))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            ax.spines[:].set_visible(False)
+            if r == 0:
+                ax.set_title(f"image {i}", fontsize=8.5, fontweight="normal")
+        axes[r, 0].set_ylabel(short_label(row), rotation=0, ha="right", va="center", fontsize=8.5)
+    fig.suptitle(f"Samples ({mode}); columns share the per-image seed (the control row uses its own seed)")
+    return fig

@@ -1,0 +1,89 @@
+"""Speed-up against quality (FID, CLIP score) for every method, Pareto front marked, AR noise floor shaded.
+
+Points carry a number (the same in every panel) resolved in the legend; the AR runs are stars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..errors import UserError
+from ..tables import METHOD_LABELS
+from .common import modes, read_sweep, short_label
+from .style import DRAFT_MARKERS, color, marker
+
+METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (higher is better)", True),
+           "precision": ("precision (higher is better)", True), "recall": ("recall (higher is better)", True)}
+
+
+@dataclass
+class Params:
+    metrics: tuple[str, ...] = ("fid", "clip_score")
+
+
+def pareto(quality: np.ndarray, speed: np.ndarray, higher_better: bool) -> np.ndarray:
+    """Indices of points no other point beats on both speed and quality, ordered by quality."""
+    q = quality if higher_better else -quality
+    front = [i for i in range(len(q))
+             if not any(q[j] >= q[i] and speed[j] >= speed[i] and (q[j] > q[i] or speed[j] > speed[i])
+                        for j in range(len(q)))]
+    return np.array(sorted(front, key=lambda i: quality[i]), dtype=int)
+
+
+def plot(inputs, p: Params):
+    bad = [m for m in p.metrics if m not in METRICS]
+    if bad:
+        raise UserError(f"tradeoff: unknown metric {bad[0]!r}; choose from {', '.join(METRICS)}")
+    df = read_sweep(inputs.tables, ["speedup_vs_vanilla", *p.metrics])
+    metrics = [m for m in p.metrics if df[m].notna().any()]
+    if not metrics:
+        raise UserError(f"tradeoff: sweep.csv has no values for {', '.join(p.metrics)}; run the metrics rules first")
+    rows = modes(df, inputs.mode)
+    df = df[df["mode"].isin(rows)]
+    # one number per point name across modes and panels (sweep.csv is already in paper order)
+    number = {pt: i + 1 for i, pt in enumerate(dict.fromkeys(df.loc[df["name"] != "vanilla", "point"]))}
+    labels = {r["point"]: short_label(r) for _, r in df.iterrows()}
+    fig, axes = plt.subplots(len(rows), len(metrics), figsize=(5.0 * len(metrics) + 3.4, 4.0 * len(rows)),
+                             squeeze=False, layout="constrained")
+    for r, mode in enumerate(rows):
+        part = df[(df["mode"] == mode) & df["speedup_vs_vanilla"].notna()]
+        for c, metric in enumerate(metrics):
+            ax = axes[r, c]
+            title, higher = METRICS[metric]
+            pts = part[part[metric].notna()].reset_index(drop=True)
+            floor = pts[pts["name"] == "vanilla"][metric]
+            if len(floor) >= 2:
+                ax.axvspan(floor.min(), floor.max(), color=color("vanilla"), alpha=0.18, linewidth=0)
+            ax.axhline(1.0, color=color("vanilla"), linewidth=0.8, linestyle=":")
+            speed = pts["speedup_vs_vanilla"].to_numpy(float)
+            quality = pts[metric].to_numpy(float)
+            front = pareto(quality, speed, higher)
+            ax.plot(quality[front], speed[front], color="black", linewidth=1, linestyle="--", zorder=2)
+            ax.scatter(quality[front], speed[front], s=150, facecolor="none", edgecolor="black", linewidth=1, zorder=4)
+            for i, row in pts.iterrows():
+                vanilla = row["name"] == "vanilla"
+                ax.scatter(quality[i], speed[i], color=color(row["name"]), marker=marker(row["drafting"]),
+                           s=110 if vanilla else 45, edgecolor="white", linewidth=0.5, zorder=3)
+                if not vanilla:
+                    ax.annotate(str(number[row["point"]]), (quality[i], speed[i]), xytext=(5, 3),
+                                textcoords="offset points", fontsize=7.5, zorder=5)
+            ax.set_xlabel(title)
+            ax.set_ylabel("speed-up over AR (×)")
+            ax.set_title(f"{mode}: speed-up vs {title.split(' (')[0]}")
+            ax.margins(x=0.08, y=0.08)
+    present = df[["name", "drafting"]].drop_duplicates()
+    handles = [Line2D([], [], color=color(n), marker="*" if n == "vanilla" else "o", markersize=9 if n == "vanilla" else 6,
+                      linestyle="", label=METHOD_LABELS.get(n, n)) for n in dict.fromkeys(present["name"])]
+    handles += [Line2D([], [], color="grey", marker=DRAFT_MARKERS.get(d, "D"), linestyle="", label=f"{d} drafts")
+                for d in dict.fromkeys(present["drafting"]) if d != "none"]
+    handles += [Line2D([], [], color="black", linestyle="--", marker="o", markerfacecolor="none", markersize=9,
+                       label="Pareto front"),
+                Patch(color=color("vanilla"), alpha=0.18, label="noise floor: AR vs\nAR (control seed)")]
+    handles += [Line2D([], [], linestyle="", label=f"{n}: {labels[pt]}") for pt, n in number.items()]
+    fig.legend(handles=handles, loc="outside right center", handletextpad=0.4)
+    return fig

@@ -1,0 +1,323 @@
+"""`lantern tables`: aggregate generation shards and metrics files into the tidy tables the figures read.
+
+Inputs follow the fixed layout `<outdir>/gen/{mode}/{point}/shard{j}/` (stats.csv + manifest.json, written by
+`lantern sample`) and `<outdir>/metrics/{mode}/{point}.json`; mode and point come from those paths.
+Outputs under --out:
+  sweep.csv      one row per (mode, point): method spec, speed, acceptance, quality and protocol columns
+  positions.csv  per (mode, point, token position): share of the tokens there that were accepted drafts
+  depths.csv     per (mode, point, depth): how often a verification step accepted that many drafts
+  summary.md     the paper's table, per mode
+tau is the mean number of tokens emitted per target forward, the bonus/correction token counted
+(= sum n_tokens / sum target_forwards over the point's images; the prefill forward counts as one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import UserError
+from .io import atomic_path, read_structured
+
+SPEC_COLUMNS = ["name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed"]
+QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score"]
+STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
+                  "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
+LIST_COLUMNS = ["accepted_per_step", "accepted_depth", "tree_depth", "tokens"]
+DEPTH_COLUMNS = ["mode", "point", "name", "drafting", "depth", "steps", "fraction"]
+FAMILY_ORDER = {"vanilla": 0, "exact": 1, "lantern": 2, "lanternpp": 3}
+DRAFTING_ORDER = {"none": 0, "chain": 1, "static": 2, "dynamic": 3}
+METHOD_LABELS = {"vanilla": "AR (vanilla)", "exact": "Exact SD", "lantern": "LANTERN", "lanternpp": "LANTERN++"}
+
+
+@dataclass
+class TableParams:
+    tau_digits: int = 2  # decimals printed in summary.md
+    score_digits: int = 2  # FID, CLIP score
+    fraction_digits: int = 3  # precision, recall
+
+
+def parse_ints(value) -> np.ndarray:
+    """'3 0 2' -> array([3, 0, 2]); empty / NaN (vanilla has no verification steps) -> empty array."""
+    if not isinstance(value, str) or not value.strip():
+        return np.zeros(0, dtype=np.int64)
+    return np.array(value.split(), dtype=np.int64)
+
+
+def read_shard(shard: Path) -> tuple[pd.DataFrame, dict]:
+    for name in ("stats.csv", "manifest.json"):
+        if not (shard / name).is_file():
+            raise UserError(f"shard {shard} has no {name}; pass finished shard folders written by `lantern sample`")
+    stats = pd.read_csv(shard / "stats.csv", converters={c: str for c in LIST_COLUMNS}, keep_default_na=True)
+    missing = [c for c in STATS_REQUIRED if c not in stats.columns]
+    if missing:
+        raise UserError(f"{shard / 'stats.csv'} lacks column(s) {', '.join(missing)}; regenerate it with `lantern sample`")
+    return stats, json.loads((shard / "manifest.json").read_text())
+
+
+def mode_point(path: Path, depth: int) -> tuple[str, str]:
+    """gen/{mode}/{point}/shard{j} (depth 1) or metrics/{mode}/{point}.json (depth 0) -> (mode, point)."""
+    parts = path.parts
+    if len(parts) < depth + 2:
+        raise UserError(f"{path} is not laid out as .../{{mode}}/{{point}}/...; keep the pipeline's folder layout")
+    point = parts[-1 - depth] if depth else path.stem
+    return parts[-2 - depth], point
+
+
+def method_spec(method: dict) -> dict:
+    spec = {k: method.get(k) for k in SPEC_COLUMNS}
+    spec["drafting"] = "none" if spec["name"] == "vanilla" else (spec["drafting"] or "chain")
+    if spec["drafting"] != "chain":  # gamma only shapes chain drafts; trees carry their own shape
+        spec["gamma"] = None
+    if spec["drafting"] != "static":
+        spec["tree"] = None
+    if spec["name"] == "lantern" and not spec["residual"]:
+        spec["residual"] = "bounded"
+    if spec["name"] != "lantern":
+        spec["residual"] = None
+    return spec
+
+
+def accepted_mask(accepted: np.ndarray, n_tokens: int, where: str = "") -> np.ndarray:
+    """Which of an image's tokens were accepted drafts. The prefill emits token 0 from the target; each
+    verification step then emits its accepted drafts followed by one target token (the last step may end early)."""
+    mask = np.zeros(n_tokens, dtype=bool)
+    if accepted.size == 0:
+        return mask
+    starts = 1 + np.concatenate([[0], np.cumsum(accepted[:-1] + 1)])
+    end = starts[-1] + accepted[-1]  # where the last step's target token goes (past the end if drafts finished)
+    if end not in (n_tokens - 1, n_tokens):
+        raise UserError(f"{where}accepted_per_step {accepted.tolist()} emits {end + 1} tokens, not n_tokens = {n_tokens}; "
+                        "the stats row is inconsistent, regenerate the shard")
+    for s, a in zip(starts, accepted):
+        mask[s : min(s + a, n_tokens)] = True
+    return mask
+
+
+def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
+               ) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
+    """(sweep row without the vanilla-relative columns, positions rows, depth-histogram rows) of one point."""
+    specs = {json.dumps(method_spec(m["method"]), sort_keys=True) for _, m in shards}
+    if len(specs) > 1:
+        raise UserError(f"the shards of {mode}/{point} disagree on the method spec: {sorted(specs)}; regenerate them")
+    stats = pd.concat([s for s, _ in shards], ignore_index=True)
+    dup = stats["image_index"][stats["image_index"].duplicated()]
+    if len(dup):
+        raise UserError(f"{mode}/{point}: image {int(dup.iloc[0])} appears in two shards; shard ranges must not overlap")
+    if stats["n_tokens"].nunique() != 1:
+        raise UserError(f"{mode}/{point}: images differ in n_tokens ({sorted(stats['n_tokens'].unique())})")
+    manifest = shards[0][1]
+    n_tokens = int(stats["n_tokens"].iloc[0])
+    per_step = [parse_ints(v) for v in stats["accepted_per_step"]]
+    lat = stats["time_total_s"].to_numpy(float)
+    row = {
+        "mode": mode, "point": point, **method_spec(manifest["method"]),
+        "n_images": len(stats), "n_shards": len(shards), "n_tokens": n_tokens,
+        "tau_incl_bonus": stats["n_tokens"].sum() / stats["target_forwards"].sum(),
+        "target_forwards_per_image": stats["target_forwards"].mean(),
+        "drafter_forwards_per_image": stats["drafter_forwards"].mean(),
+        "accepted_per_step_mean": np.concatenate(per_step).mean() if any(a.size for a in per_step) else math.nan,
+        "latency_s_per_image": lat.mean(),
+        "latency_p50_s": np.percentile(lat, 50),
+        "latency_p90_s": np.percentile(lat, 90),
+        "throughput_img_per_s": 1.0 / lat.mean() if lat.mean() > 0 else math.nan,
+        "time_draft_s_per_image": stats["time_draft_s"].mean(),
+        "time_verify_s_per_image": stats["time_verify_s"].mean(),
+        "time_other_s_per_image": stats["time_other_s"].mean(),
+        "peak_mem_mib": stats["peak_mem_bytes"].max() / 2**20 if "peak_mem_bytes" in stats else math.nan,
+    }
+    # share of drafted tokens accepted: meaningful for chains, where every drafter forward drafts one token
+    chain = row["drafting"] == "chain" and stats["drafter_forwards"].sum() > 0
+    row["draft_acceptance_rate"] = stats["accepted_total"].sum() / stats["drafter_forwards"].sum() if chain else math.nan
+    depth_source = per_step
+    tree_cols = {c: [parse_ints(v) for v in stats[c]] for c in ("accepted_depth", "tree_depth") if c in stats}
+    if any(a.size for a in tree_cols.get("accepted_depth", [])):
+        depth_source = tree_cols["accepted_depth"]
+        depths = np.concatenate(depth_source)
+        row.update(accepted_depth_mean=depths.mean(), accepted_depth_p50=np.percentile(depths, 50),
+                   accepted_depth_p90=np.percentile(depths, 90), accepted_depth_max=depths.max())
+    if any(a.size for a in tree_cols.get("tree_depth", [])):
+        row["tree_depth_mean"] = np.concatenate(tree_cols["tree_depth"]).mean()
+    sampling = manifest.get("sampling", {})
+    row.update({k: sampling.get(k) for k in ("cfg_scale", "temperature", "top_k", "top_p")})
+    env = manifest.get("environment", {})
+    row["device"] = env.get("gpu") or env.get("device")
+    row["git_commit"] = env.get("git_commit")
+
+    masks = np.stack([accepted_mask(a, n_tokens, f"{mode}/{point} image {i}: ")
+                      for i, a in zip(stats["image_index"], per_step)])
+    positions = pd.DataFrame({"mode": mode, "point": point, "position": np.arange(n_tokens), "n_tokens": n_tokens,
+                              "n_images": len(masks), "accepted_fraction": masks.mean(0)})
+    all_depths = np.concatenate(depth_source)
+    depth_rows = None  # plain AR has no verification steps
+    if all_depths.size:
+        counts = np.bincount(all_depths)
+        depth_rows = pd.DataFrame({"mode": mode, "point": point, "name": row["name"], "drafting": row["drafting"],
+                                   "depth": np.arange(len(counts)), "steps": counts,
+                                   "fraction": counts / counts.sum()}, columns=DEPTH_COLUMNS)
+    return row, positions, depth_rows
+
+
+def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in paths:
+        if not path.is_file():
+            raise UserError(f"metrics file {path} does not exist; run the metrics rule for it or drop it")
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"metrics file {path} is not valid JSON ({e}); rerun its metrics job") from None
+        out[mode_point(path, 0)] = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
+    return out
+
+
+def order_key(row) -> tuple:
+    """Paper order: vanilla, its control, exact SD, LANTERN, LANTERN++, then anything else; grids ascending."""
+    num = lambda v: -1.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # noqa: E731
+    return (row["mode"], FAMILY_ORDER.get(row["name"], 9), row["name"], row["point"] != "vanilla",
+            DRAFTING_ORDER.get(row["drafting"], 9), num(row.get("gamma")), str(row.get("tree")),
+            num(row.get("delta")), num(row.get("lam")), num(row.get("k")), str(row.get("residual")), row["point"])
+
+
+def sweep_table(shard_dirs: list[Path], metric_files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    if not shard_dirs:
+        raise UserError("no shards given; pass --shards results/gen/{mode}/{point}/shard{j} ...")
+    groups: dict[tuple[str, str], list] = {}
+    for shard in shard_dirs:
+        stats, manifest = read_shard(shard)
+        mode, point = mode_point(shard, 1)
+        if manifest.get("mode", mode) != mode:
+            raise UserError(f"shard {shard} lies under mode {mode!r} but its manifest says {manifest['mode']!r}")
+        groups.setdefault((mode, point), []).append((stats, manifest))
+    metrics = read_metrics(metric_files)
+    orphans = sorted(set(metrics) - set(groups))
+    if orphans:
+        raise UserError(f"metrics for {'/'.join(orphans[0])} but no generation shards of it; pass its shards too")
+
+    rows, positions, depths, metric_cols = [], [], [], dict.fromkeys(QUALITY_COLUMNS)
+    for (mode, point), shards in groups.items():
+        row, pos, dep = point_rows(mode, point, shards)
+        for key, value in metrics.get((mode, point), {}).items():
+            key = f"metrics_{key}" if key in row else key
+            row[key] = value
+            metric_cols[key] = None
+        rows.append(row)
+        positions.append(pos)
+        if dep is not None:
+            depths.append(dep)
+    sweep = pd.DataFrame(sorted(rows, key=order_key))
+    for col in QUALITY_COLUMNS:
+        if col not in sweep:
+            sweep[col] = math.nan
+    # speed and acceptance first, then quality, then the metrics protocol
+    sweep = sweep[[c for c in sweep.columns if c not in metric_cols] + list(metric_cols)]
+    # relative to plain AR of the same mode (the first vanilla run, not its control)
+    base = sweep[sweep["point"] == "vanilla"].set_index("mode")
+    lat = sweep["mode"].map(base["latency_s_per_image"])
+    fwd = sweep["mode"].map(base["target_forwards_per_image"])
+    at = sweep.columns.get_loc("throughput_img_per_s") + 1
+    sweep.insert(at, "speedup_vs_vanilla", lat / sweep["latency_s_per_image"])
+    sweep.insert(at + 1, "step_compression", fwd / sweep["target_forwards_per_image"])
+    keys = sweep[["mode", "point"]]
+    positions = keys.merge(pd.concat(positions, ignore_index=True), on=["mode", "point"])
+    depths = (keys.merge(pd.concat(depths, ignore_index=True), on=["mode", "point"]) if depths
+              else pd.DataFrame(columns=DEPTH_COLUMNS))
+    return sweep, positions, depths
+
+
+def setting(row) -> str:
+    """Short human description of a point's hyperparameters, e.g. 'chain γ=4, δ=0.2, k=50'."""
+    if row["name"] == "vanilla":
+        return f"seed {row['seed']}" + ("" if row["point"] == "vanilla" else " (control)")
+    shape = {"chain": f"chain γ={int(row['gamma'])}" if pd.notna(row.get("gamma")) else "chain",
+             "static": f"static tree {row.get('tree')}", "dynamic": "dynamic tree"}.get(row["drafting"], row["drafting"])
+    parts = [shape]
+    for key, sym in (("delta", "δ"), ("lam", "λ"), ("k", "k")):
+        if pd.notna(row.get(key)):
+            v = row[key]
+            parts.append(f"{sym}={int(v) if float(v).is_integer() and key == 'k' else v:g}")
+    if row["name"] == "lantern" and row.get("residual") not in (None, "bounded") and pd.notna(row.get("residual")):
+        parts.append(f"residual={row['residual']}")
+    return ", ".join(parts)
+
+
+def method_label(row) -> str:
+    return METHOD_LABELS.get(row["name"], str(row["name"]))
+
+
+def _fmt(value, digits: int, suffix: str = "") -> str:
+    return "—" if value is None or pd.isna(value) else f"{value:.{digits}f}{suffix}"
+
+
+def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
+    lines = ["# Sweep summary", "",
+             "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
+             "Speed-up = mean latency of vanilla AR (same mode) / mean latency of the method; "
+             "step compression = target forwards of vanilla / of the method. "
+             "'vanilla (control)' is a second AR run with another seed: quality differences smaller than the "
+             "vanilla-vs-control gap are noise.", ""]
+    for mode, part in sweep.groupby("mode", sort=False):
+        lines += [f"## {mode}", "",
+                  "| Method | Setting | τ (incl. bonus) | Speed-up | Step compr. | FID ↓ | CLIP ↑ | Precision ↑ "
+                  "| Recall ↑ | Images |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        digits = {"fid": p.score_digits, "clip_score": p.score_digits, "precision": p.fraction_digits,
+                  "recall": p.fraction_digits}
+        for _, r in part.iterrows():
+            quality = " | ".join(_fmt(r[c], d) for c, d in digits.items())
+            lines.append(
+                f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} "
+                f"| {_fmt(r['speedup_vs_vanilla'], 2, '×')} | {_fmt(r['step_compression'], 2, '×')} "
+                f"| {quality} | {int(r['n_images'])} |")
+        floor = part.set_index("point")
+        if {"vanilla", "vanilla-control"} <= set(floor.index):
+            gap = {c: abs(floor.at["vanilla", c] - floor.at["vanilla-control", c]) for c in digits}
+            gaps = [f"{c} {gap[c]:.{d}f}" for c, d in digits.items() if pd.notna(gap[c])]
+            if gaps:
+                lines += ["", f"Noise floor (|vanilla − control|): {', '.join(gaps)}."]
+        protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
+                    ("fid_extractor", "extractor", "n_reference", "resolution", "device", "cfg_scale", "temperature")
+                    if c in part and part[c].dropna().nunique() == 1]
+        if protocol:
+            lines += ["", "Protocol: " + "; ".join(protocol) + "."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="lantern tables", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", nargs="+", required=True, help="shard folders <outdir>/gen/{mode}/{point}/shard{j}")
+    ap.add_argument("--metrics", nargs="*", default=[], help="metrics files <outdir>/metrics/{mode}/{point}.json")
+    ap.add_argument("--out", required=True, help="folder for sweep.csv, positions.csv, depths.csv, summary.md")
+    ap.add_argument("--params", default=None, help="TableParams overrides (JSON/YAML or file)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    a = parse_args(argv)
+    raw = read_structured(a.params)
+    known = {f.name for f in fields(TableParams)}
+    for key in raw:
+        if key not in known:
+            raise UserError(f"--params: unknown key {key!r}; allowed: {', '.join(sorted(known))}")
+    p = TableParams(**raw)
+    sweep, positions, depths = sweep_table([Path(s) for s in a.shards], [Path(m) for m in a.metrics])
+    out = Path(a.out)
+    write_csv(sweep, out / "sweep.csv")
+    write_csv(positions, out / "positions.csv")
+    write_csv(depths, out / "depths.csv")
+    with atomic_path(out / "summary.md") as tmp:
+        tmp.write_text(summary_markdown(sweep, p))
+    print(f"wrote {len(sweep)} sweep rows ({sweep['mode'].nunique()} modes) to {out}")

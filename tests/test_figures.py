@@ -1,0 +1,112 @@
+"""Every `lantern figure` renders a non-empty PNG from a synthetic sweep's tables; bad input is a one-line error."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from lantern.ambiguity import long_rows
+from lantern.errors import UserError
+from lantern.figures import FIGURES, main
+from lantern.figures.common import select_points
+from lantern.figures.tradeoff import pareto
+from lantern.tables import main as tables_main
+from test_tables import POINTS, make_sweep
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("figsweep")
+    shards, metrics = make_sweep(root)
+    tables_main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(root / "tables")])
+    # per-world step files in the format `lantern ambiguity --steps-out` writes (no world column)
+    gen = torch.Generator().manual_seed(0)
+    for world, a in (("default", 1.0), ("clean", 4.0)):
+        steps = [long_rows(source, cfg, torch.distributions.Beta(a * cfg, 5.0).sample((20, 16)),
+                           torch.rand(20, 16, generator=gen) * 4 / (a * cfg), torch.arange(20) % 4)
+                 for cfg in (1.0, 2.0) for source in ("samples", "heldout")]
+        pd.concat(steps).to_csv(root / f"ambiguity_{world}.csv", index=False)
+    return root
+
+
+def args_for(name, root):
+    extra = {"samples": ["--gen", str(root / "gen"), "--mode", "sampling"],
+             "ambiguity": ["--ambiguity", f"default={root / 'ambiguity_default.csv'}",
+                           f"clean={root / 'ambiguity_clean.csv'}"]}
+    return ["--tables", str(root / "tables"), *extra.get(name, [])]
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_every_figure_renders_a_png(sweep, name):
+    out = sweep / "figs" / f"{name}.png"
+    main([name, *args_for(name, sweep), "--out", str(out)])
+    image = Image.open(out)
+    assert image.format == "PNG" and image.width > 400 and image.height > 250
+    pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 10  # something was drawn, not a blank canvas
+    assert not list(out.parent.glob(".*.tmp"))  # written atomically
+
+
+def test_ambiguity_world_column_and_one_source(sweep, tmp_path):
+    both = pd.concat(pd.read_csv(sweep / f"ambiguity_{w}.csv").assign(world=w) for w in ("default", "clean"))
+    both.to_csv(tmp_path / "both.csv", index=False)
+    out = tmp_path / "ambiguity.pdf"
+    main(["ambiguity", "--ambiguity", str(tmp_path / "both.csv"), "--params", '{"sources": ["heldout"]}',
+          "--out", str(out)])
+    assert out.read_bytes().startswith(b"%PDF")
+    with pytest.raises(UserError, match="lacks column.s. world; .*name its world as --ambiguity WORLD=FILE"):
+        main(["ambiguity", "--ambiguity", str(sweep / "ambiguity_clean.csv"), "--out", str(out)])
+    with pytest.raises(UserError, match="source 'teacher' is not in the dump"):
+        main(["ambiguity", *args_for("ambiguity", sweep), "--params", '{"sources": ["teacher"]}', "--out", str(out)])
+
+
+def test_figure_options(sweep):
+    out = sweep / "figs" / "heat_lanternpp.png"
+    main(["heatmap", *args_for("heatmap", sweep), "--params", '{"method": "lanternpp", "x": "lam"}', "--out", str(out)])
+    with pytest.raises(UserError, match="no sjd points with both delta and k"):
+        main(["heatmap", *args_for("heatmap", sweep), "--params", '{"method": "sjd"}', "--out", str(out)])
+    main(["tau_vs_delta", *args_for("tau_vs_delta", sweep), "--mode", "greedy", "--out", str(out)])
+    assert out.stat().st_size > 0
+    main(["samples", *args_for("samples", sweep), "--params", '{"indices": [1, 4], "points": ["vanilla", "exact-dynamic"]}',
+          "--out", str(out)])
+
+
+def test_bad_figure_inputs(sweep, tmp_path):
+    out = str(tmp_path / "x.png")
+    with pytest.raises(UserError, match="unknown key 'colour'"):
+        main(["tradeoff", *args_for("tradeoff", sweep), "--params", '{"colour": 1}', "--out", out])
+    with pytest.raises(UserError, match="must end in"):
+        main(["tradeoff", *args_for("tradeoff", sweep), "--out", str(tmp_path / "x.jpeg")])
+    with pytest.raises(UserError, match="run `lantern tables` first"):
+        main(["heatmap", "--tables", str(tmp_path), "--out", out])
+    with pytest.raises(UserError, match="not in the tables"):
+        main(["tradeoff", *args_for("tradeoff", sweep), "--mode", "beam", "--out", out])
+    with pytest.raises(UserError, match="no image 000099.png"):
+        main(["samples", *args_for("samples", sweep), "--params", '{"indices": [99]}', "--out", out])
+    with pytest.raises(UserError, match="lacks column"):
+        main(["ambiguity", "--ambiguity", f"default={sweep / 'tables' / 'sweep.csv'}", "--out", out])
+    # a sweep without tree methods: the tree figure refuses with a clear message instead of drawing nothing
+    depths = pd.read_csv(sweep / "tables" / "depths.csv")
+    chain_only = tmp_path / "tables"
+    chain_only.mkdir()
+    pd.read_csv(sweep / "tables" / "sweep.csv").to_csv(chain_only / "sweep.csv", index=False)
+    depths[depths["drafting"] == "chain"].to_csv(chain_only / "depths.csv", index=False)
+    with pytest.raises(UserError, match="no tree methods in this sweep"):
+        main(["tree_depth", "--tables", str(chain_only), "--out", out])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_pareto_front():
+    fid = np.array([10.0, 12.0, 11.0, 20.0, 15.0])
+    speed = np.array([1.0, 1.8, 1.5, 2.5, 1.7])
+    assert pareto(fid, speed, higher_better=False).tolist() == [0, 2, 1, 3]  # point 4 is beaten by point 1
+    assert pareto(-fid, speed, higher_better=True).tolist() == [3, 1, 2, 0]
+
+
+def test_representative_points(sweep):
+    table = pd.read_csv(sweep / "tables" / "sweep.csv")
+    picked = select_points(table[table["mode"] == "greedy"])
+    assert picked == ["vanilla", "vanilla-control", "exact-chain-g4", "exact-dynamic", "lantern-chain-g4-d0.1-k50",
+                      "lantern-chain-g4-d0.4-k50", "lanternpp-static-naive_extend_57-l2-k10"]
+    assert set(picked) <= set(POINTS)

@@ -1,0 +1,203 @@
+"""`lantern tables` on a small synthetic sweep written to disk in the layout `lantern sample` and the metrics rule use."""
+
+import json
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from lantern.errors import UserError
+from lantern.tables import accepted_mask, main, setting, sweep_table
+
+N_TOKENS = 16  # a 4 x 4 token grid
+SIDE = 8  # tiny PNGs
+
+POINTS = {
+    "vanilla": {"name": "vanilla", "seed": 0},
+    "vanilla-control": {"name": "vanilla", "seed": 1},
+    "exact-chain-g4": {"name": "exact", "drafting": "chain", "gamma": 4, "residual": "bounded", "seed": 0},
+    **{f"lantern-chain-g4-d{d}-k{k}": {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": d, "k": k,
+                                        "residual": "bounded", "seed": 0}
+       for d in (0.1, 0.2, 0.4) for k in (10, 50)},
+    "lanternpp-static-naive_extend_57-l2-k10": {"name": "lanternpp", "drafting": "static", "gamma": 4, "lam": 2,
+                                                "k": 10, "tree": "naive_extend_57", "seed": 0},
+    "exact-dynamic": {"name": "exact", "drafting": "dynamic", "gamma": 4, "seed": 0},
+}
+
+
+def simulate(spec: dict, rng: np.random.Generator) -> list[int]:
+    """Accepted drafts per verification step of one image, consistent with how the decoders emit tokens."""
+    if spec["name"] == "vanilla":
+        return []
+    gamma = 5 if spec.get("drafting") in ("static", "dynamic") else spec["gamma"]
+    boost = spec.get("delta", 0) * 4 + (spec.get("k", 0) / 100) + (0.5 if spec["name"] == "lanternpp" else 0)
+    steps, tokens = [], 1
+    while tokens < N_TOKENS:
+        g = min(gamma, N_TOKENS - tokens)
+        a = int(min(g, rng.binomial(g, min(0.9, 0.3 + 0.3 * boost))))
+        steps.append(a)
+        tokens += a
+        if tokens == N_TOKENS:
+            break
+        tokens += 1
+    return steps
+
+
+def stats_row(i: int, point: str, mode: str, spec: dict, rng) -> dict:
+    steps = simulate(spec, rng)
+    forwards = 1 + len(steps) if steps or spec["name"] != "vanilla" else N_TOKENS
+    drafter = sum(min(4, 1 + a) for a in steps)
+    t_verify, t_draft = 0.001 * forwards * (1.0 + 0.1 * rng.random()), 0.0002 * drafter
+    row = {"image_index": i, "seed": 1000 * spec["seed"] + i, "label": i % 4, "method": spec["name"], "mode": mode,
+           "n_tokens": N_TOKENS, "target_forwards": forwards, "drafter_forwards": drafter,
+           "accepted_total": sum(steps), "time_draft_s": t_draft, "time_verify_s": t_verify, "time_other_s": 0.0001,
+           "peak_mem_bytes": math.nan, "batch_size": 1, "accepted_per_step": " ".join(map(str, steps)),
+           "tau": N_TOKENS / forwards, "time_total_s": t_draft + t_verify + 0.0001, "steps": len(steps) or forwards,
+           "tokens": " ".join(str(int(t)) for t in rng.integers(0, 64, N_TOKENS))}
+    if spec.get("drafting") in ("static", "dynamic"):
+        row["accepted_depth"] = row["accepted_per_step"]
+        row["tree_depth"] = " ".join(str(5 if spec["drafting"] == "static" else max(2, a + 1)) for a in steps)
+    return row
+
+
+def write_shard(folder, mode, point, spec, indices, rows=None):
+    rng = np.random.default_rng(zlib.crc32(f"{mode}/{point}/{indices[0]}".encode()))
+    (folder / "images").mkdir(parents=True)
+    rows = rows or [stats_row(i, point, mode, spec, rng) for i in indices]
+    for i in indices:
+        pixels = np.full((SIDE, SIDE, 3), (37 * i + 11 * len(point)) % 256, dtype=np.uint8)
+        pixels[: SIDE // 2, :, i % 3] = 255
+        Image.fromarray(pixels).save(folder / "images" / f"{i:06d}.png")
+    pd.DataFrame(rows).to_csv(folder / "stats.csv", index=False)
+    manifest = {"method": spec, "mode": mode, "seed": spec["seed"], "start": indices[0], "end": indices[-1] + 1,
+                "sampling": {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+                "environment": {"device": "cpu", "git_commit": "abc"}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def make_sweep(root, n_images=6, with_metrics=True):
+    """A two-mode sweep under root/gen and root/metrics; returns (shard folders, metrics files)."""
+    shards, metrics = [], []
+    for mode in ("greedy", "sampling"):
+        for point, spec in POINTS.items():
+            half = n_images // 2
+            for j, indices in enumerate((list(range(half)), list(range(half, n_images)))):
+                folder = root / "gen" / mode / point / f"shard{j}"
+                write_shard(folder, mode, point, spec, indices)
+                shards.append(folder)
+            if with_metrics:
+                strength = spec.get("delta", 0) + 0.05 * (spec.get("lam", 1) - 1) + 0.001 * spec.get("k", 0)
+                values = {"fid": 10 + 30 * strength + (0.4 if point == "vanilla-control" else 0),
+                          "kid_mean": 0.01, "kid_std": 0.001, "precision": 0.7 - strength, "recall": 0.6 - strength / 2,
+                          "clip_score": 0.3 - 0.2 * strength, "n_generated": n_images, "n_reference": 100,
+                          "fid_extractor": "toyclip", "resolution": 32, "seed": 2020}
+                path = root / "metrics" / mode / f"{point}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(values))
+                metrics.append(path)
+    return shards, metrics
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    shards, metrics = make_sweep(root)
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(root / "tables")])
+    return root
+
+
+def test_sweep_table_columns_and_reference_values(built):
+    sweep = pd.read_csv(built / "tables" / "sweep.csv")
+    assert len(sweep) == 2 * len(POINTS)
+    for col in ("mode", "point", "name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed",
+                "n_images", "tau_incl_bonus", "target_forwards_per_image", "drafter_forwards_per_image",
+                "latency_s_per_image", "latency_p50_s", "latency_p90_s", "throughput_img_per_s",
+                "speedup_vs_vanilla", "step_compression", "accepted_depth_mean", "tree_depth_mean",
+                "fid", "clip_score", "precision", "recall", "n_reference", "fid_extractor", "metrics_seed"):
+        assert col in sweep.columns, col
+    van = sweep[sweep["point"] == "vanilla"]
+    assert np.allclose(van["speedup_vs_vanilla"], 1.0) and np.allclose(van["step_compression"], 1.0)
+    assert np.allclose(van["tau_incl_bonus"], 1.0) and (sweep["n_images"] == 6).all()
+    # paper order within each mode: vanilla, its control, then exact SD
+    assert list(sweep["point"][:3]) == ["vanilla", "vanilla-control", "exact-chain-g4"]
+    assert sweep["tau_incl_bonus"].max() > 1.5  # the synthetic relaxations accept drafts
+    assert sweep.loc[sweep["drafting"] == "chain", "accepted_depth_mean"].isna().all()
+
+
+def test_tau_speedup_and_compression_recomputed_from_stats(built):
+    sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"])
+    point = "lantern-chain-g4-d0.4-k50"
+    stats = pd.concat(pd.read_csv(built / "gen" / "sampling" / point / f"shard{j}" / "stats.csv") for j in (0, 1))
+    vstats = pd.concat(pd.read_csv(built / "gen" / "sampling" / "vanilla" / f"shard{j}" / "stats.csv") for j in (0, 1))
+    row = sweep.loc[("sampling", point)]
+    assert row["tau_incl_bonus"] == pytest.approx(stats["n_tokens"].sum() / stats["target_forwards"].sum())
+    assert row["speedup_vs_vanilla"] == pytest.approx(vstats["time_total_s"].mean() / stats["time_total_s"].mean())
+    assert row["step_compression"] == pytest.approx(N_TOKENS / stats["target_forwards"].mean())
+    assert row["throughput_img_per_s"] == pytest.approx(1 / stats["time_total_s"].mean())
+    assert row["draft_acceptance_rate"] == pytest.approx(stats["accepted_total"].sum() / stats["drafter_forwards"].sum())
+
+
+def test_positions_and_depths(built):
+    pos = pd.read_csv(built / "tables" / "positions.csv")
+    assert pos["accepted_fraction"].between(0, 1).all()
+    assert len(pos) == 2 * len(POINTS) * N_TOKENS
+    assert (pos[pos["position"] == 0]["accepted_fraction"] == 0).all()  # the prefill's token is the target's
+    assert (pos[pos["point"].str.startswith("vanilla")]["accepted_fraction"] == 0).all()
+    depths = pd.read_csv(built / "tables" / "depths.csv")
+    assert set(depths["drafting"]) == {"chain", "static", "dynamic"}
+    assert np.allclose(depths.groupby(["mode", "point"])["fraction"].sum(), 1.0)
+
+
+def test_accepted_mask_hand_made_case():
+    # prefill -> target; step 1: 2 drafts + target; step 2: 0 drafts + target; step 3: 3 drafts, image complete
+    mask = accepted_mask(np.array([2, 0, 3]), 8)
+    assert mask.tolist() == [False, True, True, False, False, True, True, True]
+    # the last step's target token lies past the end and is truncated
+    assert accepted_mask(np.array([2, 1]), 5).tolist() == [False, True, True, False, True]
+    assert not accepted_mask(np.zeros(0, dtype=int), 4).any()
+    with pytest.raises(UserError, match="not n_tokens = 8"):
+        accepted_mask(np.array([1]), 8)
+    with pytest.raises(UserError, match="not n_tokens = 4"):
+        accepted_mask(np.array([3, 3]), 4)
+
+
+def test_positions_exact_for_one_hand_made_point(tmp_path):
+    spec = POINTS["exact-chain-g4"]
+    base = stats_row(0, "exact-chain-g4", "greedy", spec, np.random.default_rng(0))
+    rows = [{**base, "image_index": 0, "accepted_per_step": "2 0 3", "target_forwards": 4, "n_tokens": 8},
+            {**base, "image_index": 1, "accepted_per_step": "0 0 0 0 0 0 0", "target_forwards": 8, "n_tokens": 8}]
+    folder = tmp_path / "gen" / "greedy" / "exact-chain-g4" / "shard0"
+    write_shard(folder, "greedy", "exact-chain-g4", spec, [0, 1], rows)
+    sweep, pos, _ = sweep_table([folder], [])
+    assert pos["accepted_fraction"].tolist() == [0, 0.5, 0.5, 0, 0, 0.5, 0.5, 0.5]
+    assert sweep["tau_incl_bonus"].iloc[0] == pytest.approx(16 / 12)
+    assert math.isnan(sweep["speedup_vs_vanilla"].iloc[0]) and math.isnan(sweep["fid"].iloc[0])  # no vanilla, no metrics
+
+
+def test_summary_markdown(built):
+    text = (built / "tables" / "summary.md").read_text()
+    assert "## greedy" in text and "## sampling" in text
+    assert "bonus" in text and "τ (incl. bonus)" in text
+    greedy = text.split("## greedy")[1].split("## sampling")[0]
+    lines = [l for l in greedy.splitlines() if l.startswith("| ") and not l.startswith("| Method")]
+    assert lines[0].startswith("| AR (vanilla) | seed 0 |") and "1.00×" in lines[0]
+    assert "(control)" in lines[1] and lines[2].startswith("| Exact SD | chain γ=4")
+    assert "Noise floor" in greedy and "fid 0.40" in greedy
+    assert setting({"name": "lantern", "point": "x", "drafting": "chain", "gamma": 4.0, "delta": 0.2, "lam": math.nan,
+                    "k": 50.0, "residual": "reference"}) == "chain γ=4, δ=0.2, k=50, residual=reference"
+
+
+def test_bad_inputs_are_one_line_user_errors(tmp_path):
+    shards, metrics = make_sweep(tmp_path, n_images=2)
+    with pytest.raises(UserError, match="no stats.csv"):
+        sweep_table([tmp_path / "gen" / "greedy" / "nowhere" / "shard0"], [])
+    with pytest.raises(UserError, match="but no generation shards"):
+        sweep_table(shards[:2], metrics)
+    with pytest.raises(UserError, match="appears in two shards"):
+        sweep_table([shards[0], shards[0]], [])
+    with pytest.raises(UserError, match="unknown key 'digits'"):
+        main(["--shards", str(shards[0]), "--out", str(tmp_path / "t"), "--params", '{"digits": 3}'])
+    assert not (tmp_path / "t").exists()  # nothing written before the inputs check out
