@@ -9,7 +9,20 @@ from .errors import UserError
 
 # subcommand -> module exposing main(argv: list[str]) -> None
 COMMANDS = {
+    "check-config": "lantern.config",
+    "make-data": "lantern.data",
+    "train-vq": "lantern.train_vq",
+    "tokenize": "lantern.vq",
+    "train-gpt": "lantern.train_gpt",
+    "ambiguity": "lantern.ambiguity",
+    "neighbours": "lantern.neighbours",
+    "train-drafter": "lantern.drafter",
     "sample": "lantern.sample",
+    "train-clip": "lantern.metrics.train_clip",
+    "evaluate": "lantern.metrics.evaluate",
+    "speed": "lantern.metrics.speed",
+    "tables": "lantern.tables",
+    "figure": "lantern.figures",
 }
 
 

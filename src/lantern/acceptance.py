@@ -1,0 +1,187 @@
+"""Acceptance rules for speculative decoding: exact, LANTERN (delta, k) and LANTERN++ (lambda, k).
+
+Pure functions of target probabilities p, drafter probabilities q, drafted tokens x and a neighbour table (row x:
+the other codes in order of latent proximity, see neighbours.py). Callers draw the uniforms, so the functions own
+no randomness. Chain verification uses `greedy_accept` / `accept_probability` / `residual` per position; tree
+verification tries sibling candidates with `verify_candidates`.
+
+Semantics of the relaxation (method.md section 3): c_m = p(n_1) + .. + p(n_m) over x's neighbours in proximity
+order, m* = the largest m <= k with c_m <= bound (bound = delta for LANTERN, (lambda - 1) p(x) for LANTERN++) and
+p~(x) = p(x) + c_{m*}.
+
+Residual after rejecting x:
+- `bounded` (paper-faithful): x and the aggregated n_1..n_{m*} leave the residual, which is exact SD's
+  norm(max(p - q, 0)) otherwise. The verification of draft x is then exact SD toward p~_x, the target with the
+  aggregated mass moved onto x, and TV(p~_x, p) = c_{m*} <= delta. With deterministic drafting (q = 1: greedy or
+  top-k drafts) the emitted token's distribution is exactly p~_x, so the per-step bound holds; tree siblings share
+  one TV budget so that it still holds after several rejections. With drafts sampled from q no rule of this form
+  bounds the marginal: every x in q's support borrows up to delta on its own (see tests/test_acceptance.py).
+- `reference` (the authors' code): whenever m* >= 1, x and its k + 1 nearest neighbours leave the residual
+  (not only the m* aggregated ones); a residual left with no mass becomes uniform. Siblings get no shared budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import UserError
+
+KINDS = ("exact", "lantern", "lanternpp")
+RESIDUALS = ("bounded", "reference")
+
+
+@dataclass(frozen=True)
+class AcceptRule:
+    kind: str = "exact"
+    delta: float = 0.0  # LANTERN: total-variation bound per step
+    lam: float = 1.0  # LANTERN++: p~(x) <= lam * p(x)
+    k: int = 0  # neighbours of x that may lend their mass
+    residual: str = "bounded"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UserError(f"acceptance kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        if self.residual not in RESIDUALS:
+            raise UserError(f"residual must be one of {', '.join(RESIDUALS)}; got {self.residual!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
+            raise UserError(f"k={self.k!r} must be an integer >= 0 (the number of neighbours that may lend mass)")
+        if not 0.0 <= self.delta <= 1.0:
+            raise UserError(
+                f"delta={self.delta} must lie in [0, 1] (a total-variation bound); "
+                "for LANTERN++'s relative bound use kind: lanternpp with lam"
+            )
+        if not self.lam >= 1.0:
+            raise UserError(f"lam={self.lam} must be >= 1 (1 means no relaxation)")
+        if self.kind != "lantern" and self.delta != 0.0:
+            raise UserError(f"delta applies to kind: lantern only; kind {self.kind} got delta={self.delta}")
+        if self.kind != "lanternpp" and self.lam != 1.0:
+            raise UserError(f"lam applies to kind: lanternpp only; kind {self.kind} got lam={self.lam}")
+        if self.kind == "exact" and self.k != 0:
+            raise UserError(f"k applies to kinds lantern and lanternpp only; kind exact got k={self.k}")
+
+    @property
+    def relaxed(self) -> bool:
+        """False when the rule reduces to exact decoding (k = 0, delta = 0 or lam = 1)."""
+        if self.kind == "exact" or self.k == 0:
+            return False
+        return self.delta > 0 if self.kind == "lantern" else self.lam > 1
+
+    @property
+    def table_width(self) -> int:
+        """Neighbour-table columns the rule reads (the reference residual zeroes k + 1 of them)."""
+        if not self.relaxed:
+            return 0
+        return self.k + 1 if self.residual == "reference" else self.k
+
+    def describe(self) -> str:
+        if not self.relaxed:
+            return "exact"
+        bound = f"delta={self.delta:g}" if self.kind == "lantern" else f"lam={self.lam:g}"
+        return f"{self.kind}({bound}, k={self.k}, residual={self.residual})"
+
+
+def _take(p: Tensor, x: Tensor) -> Tensor:
+    return p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+
+
+def relaxed_mass(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule, budget: float | None = None):
+    """(c_{m*}, m*) for drafts x [...] under targets p [..., V]; both shaped like x.
+
+    `budget` replaces delta as LANTERN's bound (tree siblings that share one TV budget).
+    """
+    if not rule.relaxed:
+        return torch.zeros(x.shape, dtype=p.dtype, device=p.device), torch.zeros_like(x)
+    if table is None or table.shape[-1] < rule.k:
+        raise ValueError(f"{rule.describe()} needs a neighbour table with >= {rule.k} columns")
+    cum = p.gather(-1, table[x, : rule.k]).cumsum(-1)  # non-decreasing, so m* = how many c_m fit the bound
+    if rule.kind == "lanternpp":
+        bound = (rule.lam - 1.0) * _take(p, x).unsqueeze(-1)
+    else:
+        bound = rule.delta if budget is None else budget
+    m = (cum <= bound).sum(-1)
+    c = cum.gather(-1, (m - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(m > 0, c, torch.zeros_like(c)), m
+
+
+def greedy_accept(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule) -> Tensor:
+    """Greedy verification, batched: x is accepted iff it is the argmax of p with p(x) replaced by p~(x)."""
+    c, _ = relaxed_mass(p, x, table, rule)
+    boosted = p.scatter_add(-1, x.unsqueeze(-1), c.unsqueeze(-1))
+    return boosted.argmax(-1) == x
+
+
+def accept_probability(
+    p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None, rule: AcceptRule, budget: float | None = None
+):
+    """(min(1, p~(x) / q(x)), c_{m*}, m*), batched over x [...]. q None: a deterministic draft (q(x) = 1).
+
+    A sampled draft has q(x) > 0 by construction; accept iff a uniform u in [0, 1) is < the probability.
+    """
+    c, m = relaxed_mass(p, x, table, rule, budget)
+    qx = 1.0 if q is None else _take(q, x)
+    return ((_take(p, x) + c) / qx).clamp(max=1.0), c, m
+
+
+def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
+    """The distribution to sample from after rejecting draft x (1-D p, q; m = m* of that draft)."""
+    r = p.clone() if q is None else (p - q).clamp(min=0.0)
+    r[x] = 0.0
+    if m > 0:
+        width = m if rule.residual == "bounded" else rule.k + 1
+        r[table[x, :width]] = 0.0
+    total = r.sum()
+    if total > 0:
+        return r / total
+    if rule.residual == "reference":
+        return torch.full_like(p, 1.0 / p.numel())  # the authors' code falls back to uniform
+    return p / p.sum()  # only reachable through rounding: exact arithmetic leaves mass after a rejection
+
+
+def sibling_budget(q: Tensor | None, rule: AcceptRule) -> float | None:
+    """The TV budget siblings share: bounded LANTERN under deterministic drafting; None means per-draft delta."""
+    shared = q is None and rule.relaxed and rule.kind == "lantern" and rule.residual == "bounded"
+    return rule.delta if shared else None
+
+
+def after_rejection(p: Tensor, q: Tensor | None, x: int, c: float, m: int, table: Tensor | None, rule: AcceptRule,
+                    budget: float | None):
+    """(p, q, budget) for the next sibling once draft x (relaxed mass c, m* = m) was rejected."""
+    if budget is not None:
+        # In units of the renormalised residual: what is left of delta over the mass still in play.
+        left = float(p.sum() - p[x]) - c
+        budget = max(budget - c, 0.0) / left if left > 0 else 0.0
+    p = residual(p, q, x, m, table, rule)
+    if q is not None:
+        q = q.clone()
+        q[x] = 0.0
+        total = q.sum()
+        q = q / total if total > 0 else q
+    return p, q, budget
+
+
+def verify_candidates(
+    p: Tensor,
+    q: Tensor | None,
+    candidates: list[int],
+    table: Tensor | None,
+    rule: AcceptRule,
+    uniforms: list[float],
+) -> tuple[int, Tensor]:
+    """Try sibling drafts at one position in order (multi-candidate verification, method.md section 2).
+
+    q None: deterministic top-k drafting (q(x) = 1; a rejected x leaves p, which is renormalised). Otherwise the
+    candidates were drawn from q without replacement in this order: candidate j is tried with its conditional
+    draft probability, and after a rejection p becomes the residual and q loses x (renormalised).
+    Returns (index of the accepted candidate or -1, the target after the rejected tries); when none is accepted
+    the correction token is drawn from the returned distribution.
+    """
+    budget = sibling_budget(q, rule)
+    for j, x in enumerate(candidates):
+        a, c, m = accept_probability(p, q, torch.tensor(x, device=p.device), table, rule, budget)
+        if uniforms[j] < a.item():
+            return j, p
+        p, q, budget = after_rejection(p, q, x, c.item(), int(m), table, rule, budget)
+    return -1, p

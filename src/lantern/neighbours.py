@@ -1,0 +1,162 @@
+"""`lantern neighbours`: latent-proximity tables over a VQ codebook (LANTERN's neighbour sets).
+
+Row x of the table lists the K codes nearest to code x, self excluded, nearest first; equal distances are ordered
+by code index. `l2` measures on the raw codebook rows (the authors' code), `cosine` on L2-normalised rows (what a
+quantiser with codebook_l2_norm matches on). Rows are computed a chunk at a time, so memory stays at a few chunk x N
+distance matrices, never N x N. The file records the metric, K and the codebook's checksum; `load_neighbours`
+refuses a table built for another codebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import UserError
+from .io import atomic_path, read_structured
+
+CODEBOOK_KEY = "quantize.embedding.weight"
+FORMAT = "lantern-neighbours-v1"
+
+
+@dataclass(frozen=True)
+class NeighbourParams:
+    metric: str = "l2"
+    k: int = 100  # neighbours stored per code (>= every k a method will use)
+    chunk: int = 128  # codes per distance block (memory ~ chunk x N x 4 bytes x a few)
+
+    def __post_init__(self):
+        if self.metric not in ("l2", "cosine"):
+            raise UserError(f"neighbours metric must be 'l2' or 'cosine', got {self.metric!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise UserError(f"neighbours k={self.k!r} must be a positive integer")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise UserError(f"neighbours chunk={self.chunk!r} must be a positive integer")
+
+
+def codebook_sha256(codebook: Tensor) -> str:
+    """Checksum of the codebook's fp32 values and shape (independent of the file that holds it)."""
+    cb = codebook.detach().to("cpu", torch.float32).contiguous()
+    h = hashlib.sha256(f"{tuple(cb.shape)}".encode())
+    h.update(cb.numpy().tobytes())
+    return h.hexdigest()
+
+
+def read_codebook(path: str | Path) -> Tensor:
+    """The [N, D] codebook of a VQ checkpoint ({"model": state_dict} or a raw state dict)."""
+    from .checkpoint import extract_state_dict, read_checkpoint
+
+    sd = extract_state_dict(read_checkpoint(path), path)
+    if CODEBOOK_KEY not in sd:
+        raise UserError(f"{path} has no {CODEBOOK_KEY}; pass a VQ tokenizer checkpoint, not a GPT or drafter")
+    cb = sd[CODEBOOK_KEY].float()
+    if cb.ndim != 2 or cb.shape[0] < 2:
+        raise UserError(f"{path}: {CODEBOOK_KEY} has shape {tuple(cb.shape)}; expected [codes >= 2, dim]")
+    if not torch.isfinite(cb).all():
+        raise UserError(f"{path}: the codebook holds NaN or inf values; the VQ checkpoint is broken")
+    return cb
+
+
+def _ordered_rows(d: Tensor, k: int) -> Tensor:
+    """Indices of the k smallest entries per row of d [B, N] (finite or +inf, >= 0), ordered by (distance, index).
+
+    The bits of a non-negative float32 order like the float, so (bits << 32) | index is one int64 key per entry
+    with no ties: a single top-k gives the order, including among equal distances at the cut.
+    """
+    key = d.contiguous().view(torch.int32).to(torch.int64)
+    key <<= 32
+    key |= torch.arange(d.shape[1])
+    return (torch.topk(key, k, dim=1, largest=False, sorted=True).values & 0xFFFFFFFF).to(torch.int32)
+
+
+def nearest_neighbours(codebook: Tensor, k: int, metric: str = "l2", chunk: int = 128) -> Tensor:
+    """[N, k] int32: for every code the k nearest other codes, nearest first (ties by index).
+
+    int32 indexes directly (unlike uint16) and halves the table; load_neighbours hands out int64.
+    """
+    n = codebook.shape[0]
+    if not 1 <= k <= n - 1:
+        raise UserError(f"neighbours k={k} must be between 1 and {n - 1} (the other codes of a {n}-code codebook)")
+    cb = codebook.detach().to("cpu", torch.float32)
+    if metric == "cosine":
+        cb = F.normalize(cb, dim=1)
+    out = torch.empty(n, k, dtype=torch.int32)
+    for s in range(0, n, chunk):
+        rows = cb[s : s + chunk]
+        # Difference-based distances: identical codes get bit-identical distances, so ties are real ties.
+        d = torch.cdist(rows, cb, compute_mode="donot_use_mm_for_euclid_dist")
+        d[torch.arange(len(rows)), torch.arange(s, s + len(rows))] = float("inf")  # self is never a neighbour
+        out[s : s + chunk] = _ordered_rows(d, k)
+    return out
+
+
+def build_table(codebook: Tensor, params: NeighbourParams, source: str = "") -> dict:
+    table = nearest_neighbours(codebook, params.k, params.metric, params.chunk)
+    meta = {
+        "format": FORMAT, "metric": params.metric, "k": params.k, "num_codes": codebook.shape[0],
+        "dim": codebook.shape[1], "codebook_sha256": codebook_sha256(codebook), "source": source,
+    }
+    return {"neighbours": table, "meta": meta}
+
+
+def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | None = None) -> Tensor:
+    """The first k columns of a stored table as int64 [N, k], after checking it belongs to `codebook`."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"neighbour table {path} does not exist; build it with `lantern neighbours`")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise UserError(f"neighbour table {path} is unreadable: {str(e).splitlines()[0] if str(e) else e}") from None
+    if not isinstance(obj, dict) or obj.get("meta", {}).get("format") != FORMAT:
+        raise UserError(f"{path} is not a neighbour table written by `lantern neighbours`")
+    meta, table = obj["meta"], obj["neighbours"]
+    if meta["codebook_sha256"] != codebook_sha256(codebook):
+        raise UserError(
+            f"neighbour table {path} was built for another codebook (source {meta['source'] or 'unknown'}); "
+            "rebuild it from this VQ checkpoint"
+        )
+    if meta["k"] < k:
+        raise UserError(f"neighbour table {path} stores k={meta['k']} neighbours but {k} are needed; rebuild with k >= {k}")
+    if metric is not None and meta["metric"] != metric:
+        raise UserError(f"neighbour table {path} uses metric {meta['metric']}, but {metric} was asked for")
+    return table[:, :k].long()
+
+
+def params_from(mapping: dict) -> NeighbourParams:
+    names = {f.name for f in dataclasses.fields(NeighbourParams)}
+    unknown = sorted(set(mapping) - names)
+    if unknown:
+        raise UserError(f"unknown neighbours --params key(s) {unknown}; valid keys: {sorted(names)}")
+    return NeighbourParams(**mapping)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="lantern neighbours", description=__doc__)
+    ap.add_argument("--vq", required=True, help="VQ checkpoint holding quantize.embedding.weight")
+    ap.add_argument("--out", required=True, help="output table (.pt)")
+    ap.add_argument("--params", default=None, help="NeighbourParams: metric (l2|cosine), k, chunk (JSON/YAML or file)")
+    a = ap.parse_args(argv)
+    params = params_from(read_structured(a.params))
+    codebook = read_codebook(a.vq)
+    if params.k > codebook.shape[0] - 1:
+        raise UserError(f"neighbours k={params.k} exceeds the {codebook.shape[0] - 1} other codes of {a.vq}; lower k")
+    rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731 - peak so far
+    before_mb, t0 = rss_mb(), time.perf_counter()
+    obj = build_table(codebook, params, source=str(a.vq))
+    seconds = time.perf_counter() - t0
+    with atomic_path(a.out) as tmp:
+        torch.save(obj, tmp)
+    # torch alone takes several hundred MB of RSS here; the build's own share is the rise above that
+    print(json.dumps({**obj["meta"], "seconds": round(seconds, 2), "peak_rss_mb": round(rss_mb()),
+                      "rss_before_build_mb": round(before_mb), "out": a.out}))

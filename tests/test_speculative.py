@@ -1,0 +1,203 @@
+import itertools
+
+import pytest
+import torch
+
+from lantern.acceptance import AcceptRule
+from lantern.drafter import Drafter, DrafterParams, save_drafter, self_generate, train_drafter
+from lantern.errors import UserError
+from lantern.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from lantern.model import GPT, ModelArgs
+from lantern.speculative import generate as spec_generate
+from lantern.speculative import make_decoder, rule_from_method, speculative_decode
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread. Two OpenMP threads on a busy 2-core machine make each small masked attention
+    call ~100x slower (~15 ms instead of ~0.1 ms)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
+    base = dict(dim=32, n_layer=2, n_head=2, vocab_size=16, num_classes=4, image_tokens=16, multiple_of=32)
+    if model_type == "t2i":
+        base.update(model_type="t2i", cls_token_num=5, caption_dim=12)
+    base.update(kw)
+    torch.manual_seed(seed)
+    model = GPT(ModelArgs(**base)).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny c2i target and a drafter trained on its own samples (a few seconds), so drafts are often right."""
+    target = tiny_target()
+    labels = torch.arange(192) % 4
+    tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
+    drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3))
+    return target, drafter
+
+
+def gens(n, seed=0):
+    return [image_generator(seed, i) for i in range(n)]
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_greedy_speculative_equals_greedy_ar(trained, cfg):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=cfg, greedy=True, top_k=8)
+    cond = torch.arange(4)
+    ar, _ = generate(target, cond, params, gens(4))
+    accepted = 0
+    for gamma in (1, 3, 6):
+        sd, stats = spec_generate(target, drafter, cond, params, AcceptRule(), gamma, gens(4))
+        assert torch.equal(sd, ar)
+        accepted += sum(s.accepted_total for s in stats)
+    assert accepted > 20  # the accepted-prefix and bonus paths were exercised, not only corrections
+
+
+def test_greedy_speculative_equals_greedy_ar_t2i():
+    target = tiny_target("t2i")
+    drafter = Drafter.from_target(target).eval()
+    cond = torch.randn(2, 5, 12)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    params = SamplingParams(cfg_scale=2.0, greedy=True)
+    ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
+    sd, _ = spec_generate(target, drafter, cond, params, AcceptRule(), 3, gens(2), cond_mask=mask)
+    assert torch.equal(sd, ar)
+
+
+def test_stats_account_for_every_token(trained):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0)
+    for gamma in (2, 5):
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), gamma, gens(1)[0])
+        assert tokens.shape == (16,) and s.n_tokens == 16
+        assert s.target_forwards == 1 + len(s.accepted_per_step)
+        assert s.accepted_total == sum(s.accepted_per_step)
+        # prefill gives 1 token, a round a + 1 (the last round may end on its drafts, without a bonus)
+        made = 1 + sum(a + 1 for a in s.accepted_per_step)
+        assert made in (16, 17) and s.tau == 16 / s.target_forwards
+        assert s.drafter_forwards >= len(s.accepted_per_step) and all(0 <= a <= gamma for a in s.accepted_per_step)
+        assert s.time_draft_s > 0 and s.time_verify_s > 0 and s.time_other_s > 0
+
+
+def exact_joint(target, label, params, V, N):
+    """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))
+    n = len(seqs)
+    cond = torch.cat([torch.full((n,), label), torch.full((n,), target.args.num_classes)])
+    with torch.no_grad():
+        logits, _ = target(cond, torch.cat([seqs, seqs])[:, :-1])
+    probs = torch.stack([logits_to_probs(mix_cfg(logits[:, j], params, j), params) for j in range(N)], 1)
+    return seqs, probs.gather(2, seqs[:, :, None])[:, :, 0].double().prod(1)
+
+
+@pytest.mark.parametrize("V, top_k, n", [
+    (3, 2, 700),
+    pytest.param(4, 3, 3000, marks=pytest.mark.slow),
+])
+def test_exact_sampling_reproduces_the_target_distribution(V, top_k, n):
+    N = 4
+    target = tiny_target(scale=4.0, vocab_size=V, image_tokens=N, num_classes=2)
+    drafter = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)  # a poor drafter: plenty of rejections too
+    params = SamplingParams(cfg_scale=2.0, top_k=top_k)
+    seqs, joint = exact_joint(target, 1, params, V, N)
+    index = {tuple(s): i for i, s in enumerate(seqs.tolist())}
+    counts = torch.zeros(len(seqs), dtype=torch.float64)
+    accepted = rejected = 0
+    for i in range(n):
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), 3,
+                                       image_generator(11, i))
+        counts[index[tuple(tokens.tolist())]] += 1
+        accepted += s.accepted_total
+        rejected += sum(a < 3 for a in s.accepted_per_step)
+    assert accepted > n / 6 and rejected > n / 6  # both paths ran often
+    assert counts[joint == 0].sum() == 0  # nothing outside the top-k support
+    big, small = joint * n >= 5, (joint > 0) & (joint * n < 5)  # small cells pooled into one
+    expected, observed = joint[big] * n, counts[big]
+    if small.any():
+        expected = torch.cat([expected, (joint[small] * n).sum().view(1)])
+        observed = torch.cat([observed, counts[small].sum().view(1)])
+    stat = ((observed - expected) ** 2 / expected).sum()
+    pvalue = torch.special.gammaincc(torch.tensor((len(expected) - 1) / 2, dtype=torch.float64), stat / 2).item()
+    assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_degenerate_relaxations_equal_exact(trained, greedy):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    table = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 16)]) for i in range(16)])
+    cond = torch.arange(3)
+    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), 4, gens(3))
+    for rule in (AcceptRule("lantern", delta=0.0, k=5), AcceptRule("lantern", delta=0.3, k=0),
+                 AcceptRule("lanternpp", lam=1.0, k=5)):
+        got, stats = spec_generate(target, drafter, cond, params, rule, 4, gens(3), table=table)
+        assert torch.equal(got, want)
+        assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_relaxation_lengthens_accepted_runs(trained, greedy):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
+    cond = torch.arange(4).repeat(2)
+    _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), 4, gens(8))
+    tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
+    for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lantern", delta=0.4, k=14, residual="reference"),
+                 AcceptRule("lanternpp", lam=20.0, k=15)):
+        tokens, relaxed = spec_generate(target, drafter, cond, params, rule, 4, gens(8), table=table)
+        assert tokens.shape == (8, 16) and tokens.min() >= 0 and tokens.max() < 16
+        assert tau(relaxed) > tau(exact)
+
+
+def test_relaxed_rule_needs_a_table(trained):
+    target, drafter = trained
+    with pytest.raises(UserError, match="neighbour table"):
+        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lantern", delta=0.1, k=3),
+                           4, gens(1)[0])
+    with pytest.raises(UserError, match="gamma"):
+        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule(), 0, gens(1)[0])
+
+
+def test_rule_from_method():
+    assert rule_from_method({"name": "exact", "gamma": 4}) == AcceptRule()
+    assert rule_from_method({"name": "lantern", "delta": 0.2, "k": 10, "residual": "reference"}) == \
+        AcceptRule("lantern", delta=0.2, k=10, residual="reference")
+    assert rule_from_method({"name": "lanternpp", "lam": 5, "k": 3}) == AcceptRule("lanternpp", lam=5.0, k=3)
+    with pytest.raises(UserError, match="not a speculative method"):
+        rule_from_method({"name": "vanilla"})
+
+
+def test_make_decoder(tmp_path, trained):
+    from lantern.neighbours import build_table, NeighbourParams
+
+    target, drafter = trained
+    save_drafter(tmp_path / "d.pt", drafter)
+    codebook = torch.randn(16, 4)
+    torch.save({"model": {"quantize.embedding.weight": codebook}}, tmp_path / "vq.pt")
+    torch.save(build_table(codebook, NeighbourParams(k=15)), tmp_path / "nb.pt")
+    paths = dict(drafter_path=str(tmp_path / "d.pt"), neighbours_path=str(tmp_path / "nb.pt"),
+                 vq_path=str(tmp_path / "vq.pt"), dtype="fp32", device=torch.device("cpu"))
+    params = SamplingParams(cfg_scale=2.0)
+    method = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 10, "residual": "reference"}
+    run = make_decoder(method, params, target, **paths)
+    tokens, stats = run(2, image_generator(0, 0))
+    assert tokens.shape == (16,) and stats.n_tokens == 16
+    with pytest.raises(UserError, match="not available yet"):
+        make_decoder({**method, "drafting": "static"}, params, target, **paths)
+    with pytest.raises(UserError, match="gamma"):
+        make_decoder({**method, "gamma": 0}, params, target, **paths)
+    with pytest.raises(UserError, match="drafter"):
+        make_decoder(method, params, target, **{**paths, "drafter_path": None})
+    with pytest.raises(UserError, match="stores k=15"):
+        make_decoder({**method, "k": 15}, params, target, **paths)  # the reference residual reads k + 1
