@@ -12,6 +12,18 @@ report: f"{workflow.basedir}/workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/toy.smk"
+include: "workflow/rules/drafter.smk"
+include: "workflow/rules/generate.smk"
+include: "workflow/rules/metrics.smk"
+include: "workflow/rules/tables.smk"
+include: "workflow/rules/figures.smk"
+
+
+localrules:
+    tables,
+    figure,
+    figure_samples,
+    figure_ambiguity,
 
 
 rule all:

@@ -193,8 +193,8 @@ def test_make_decoder(tmp_path, trained):
     run = make_decoder(method, params, target, **paths)
     tokens, stats = run(2, image_generator(0, 0))
     assert tokens.shape == (16,) and stats.n_tokens == 16
-    with pytest.raises(UserError, match="not available yet"):
-        make_decoder({**method, "drafting": "static"}, params, target, **paths)
+    with pytest.raises(UserError, match="unknown"):
+        make_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
     with pytest.raises(UserError, match="gamma"):
         make_decoder({**method, "gamma": 0}, params, target, **paths)
     with pytest.raises(UserError, match="drafter"):

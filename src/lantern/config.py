@@ -150,6 +150,10 @@ def point_name(spec: dict) -> str:
         parts.append(f"g{spec['gamma']}")
     elif spec["drafting"] == "static":
         parts.append(spec.get("tree", "naive_extend_57"))
+        if spec.get("tree") == "chain":
+            parts.append(f"g{spec['gamma']}")
+    else:
+        parts += [f"{tag}{spec[key]}" for key, tag in (("total_tokens", "n"), ("depth", "depth"), ("top_k", "top")) if key in spec]
     for key, tag in (("delta", "d"), ("lam", "l"), ("k", "k")):
         if key in spec:
             parts.append(f"{tag}{spec[key]}")

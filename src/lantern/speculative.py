@@ -180,8 +180,13 @@ def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path
 
     rule = rule_from_method(method)
     drafting = method.get("drafting", "chain")
-    if drafting != "chain":
-        raise UserError(f"drafting {drafting!r} is not available yet; use drafting: chain")
+    tree = None
+    if drafting in ("static", "dynamic"):
+        from .trees import tree_decode, tree_from_method
+
+        tree = tree_from_method(method)
+    elif drafting != "chain":
+        raise UserError(f"drafting {drafting!r} is unknown; use chain, static or dynamic")
     gamma = method.get("gamma", 4)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise UserError(f"method gamma={gamma!r} must be a positive integer")
@@ -199,6 +204,8 @@ def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path
 
     def run(label: int, generator: torch.Generator):
         cond = torch.tensor([label], device=device)
+        if tree is not None:
+            return tree_decode(target, drafter, cond, params, rule, tree, generator, table)
         tokens, stats = speculative_decode(target, drafter, cond, params, rule, gamma, generator, table)
         return tokens, stats
 

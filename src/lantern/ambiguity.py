@@ -1,0 +1,161 @@
+"""`lantern ambiguity`: how flat are the target's next-token distributions? (token selection ambiguity)
+
+For each CFG scale, the distribution p the sampler draws from (CFG-mixed, then temperature / top-k / top-p) is
+measured at every step of (a) the target's own samples and (b) held-out images, teacher-forced. Own samples are
+made with the shared `generate`; their distributions are then recomputed in one teacher-forced pass, which equals
+the cached decoding path step by step. Writes a summary table (one row per source x CFG scale) and every step's
+top-1 probability and entropy, for distribution plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from .checkpoint import load_gpt
+from .data import params_from
+from .errors import UserError
+from .generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from .io import atomic_path, read_structured
+from .train_gpt import load_tokens
+from .train_vq import set_threads
+
+LOW_TOP1 = 0.2  # the paper's notion of a flat step: no token above 20 %
+
+
+@dataclass
+class AmbiguityParams:
+    cfg_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    n_samples: int = 256  # own samples per CFG scale; labels cycle through the classes
+    n_heldout: int = 512  # held-out images, teacher-forced
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    batch: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.cfg_scales or any(s < 1 for s in self.cfg_scales):
+            raise UserError(f"cfg_scales must be a non-empty list of numbers >= 1, got {self.cfg_scales}")
+        if self.n_samples < 0 or self.n_heldout < 0 or self.n_samples + self.n_heldout == 0:
+            raise UserError("n_samples and n_heldout must be >= 0 and not both 0")
+
+    def sampling(self, cfg: float) -> SamplingParams:
+        return SamplingParams(cfg_scale=cfg, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@torch.no_grad()
+def step_stats(model, labels: torch.Tensor, tokens: torch.Tensor, sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced top-1 probability and entropy (nats) of the sampling distribution at every step: [B, N] each."""
+    cond = labels
+    if sp.use_cfg:
+        cond = torch.cat([labels, model.null_cond(len(labels), labels.device)])
+        tokens = torch.cat([tokens, tokens])
+    logits, _ = model(cond, tokens[:, :-1])
+    probs = logits_to_probs(mix_cfg(logits, sp, 0), sp)  # no CFG interval here: token index is irrelevant
+    entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    return probs.max(-1).values, entropy
+
+
+def summarise(source: str, cfg: float, top1: torch.Tensor, entropy: torch.Tensor) -> dict:
+    return {"source": source, "cfg_scale": cfg, "images": top1.shape[0], "steps": top1.numel(),
+            "mean_top1": top1.mean().item(), "median_top1": top1.median().item(),
+            "frac_top1_below_0.2": (top1 < LOW_TOP1).float().mean().item(),
+            "mean_entropy": entropy.mean().item()}
+
+
+def long_rows(source: str, cfg: float, top1: torch.Tensor, entropy: torch.Tensor, labels: torch.Tensor) -> pd.DataFrame:
+    B, N = top1.shape
+    return pd.DataFrame({"source": source, "cfg_scale": cfg, "image": torch.arange(B).repeat_interleave(N).numpy(),
+                         "label": labels.repeat_interleave(N).numpy(), "position": torch.arange(N).repeat(B).numpy(),
+                         "top1": top1.flatten().numpy(), "entropy": entropy.flatten().numpy()})
+
+
+def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Summary rows, per-step rows and the generated tokens per CFG scale."""
+    summary, steps, samples = [], [], {}
+    num_classes = model.args.num_classes
+    for cfg in params.cfg_scales:
+        sp = params.sampling(cfg)
+        sources = []
+        if params.n_samples:
+            toks, labs = [], []
+            for lo in range(0, params.n_samples, params.batch):
+                idx = range(lo, min(params.n_samples, lo + params.batch))
+                labels = torch.tensor([i % num_classes for i in idx])
+                t, _ = generate(model, labels, sp, [image_generator(params.seed, i) for i in idx])
+                toks.append(t)
+                labs.append(labels)
+            samples[cfg] = (torch.cat(toks), torch.cat(labs))
+            sources.append(("samples", *samples[cfg]))
+        if params.n_heldout:
+            sources.append(("heldout", heldout["tokens"][: params.n_heldout], heldout["labels"][: params.n_heldout]))
+        for source, tokens, labels in sources:
+            parts = [step_stats(model, labels[lo : lo + params.batch], tokens[lo : lo + params.batch], sp)
+                     for lo in range(0, len(tokens), params.batch)]
+            top1, entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            summary.append(summarise(source, cfg, top1, entropy))
+            steps.append(long_rows(source, cfg, top1, entropy, labels))
+            print(f"{source:8s} cfg {cfg:g}: mean top-1 {summary[-1]['mean_top1']:.3f}, "
+                  f"{summary[-1]['frac_top1_below_0.2']:.0%} of steps below {LOW_TOP1}, "
+                  f"entropy {summary[-1]['mean_entropy']:.2f} nats")
+    return pd.DataFrame(summary), pd.concat(steps, ignore_index=True), samples
+
+
+def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_class: int = 8) -> None:
+    """One PNG per run: a row per class, CFG scales side by side, to check samples look like their class."""
+    from torchvision.utils import make_grid, save_image
+
+    from .vq import load_vq
+
+    vq = load_vq(vq_path)
+    blocks = []
+    side = vq.args.downsample * math.isqrt(next(iter(samples.values()))[0].shape[1])
+    for cfg, (tokens, labels) in samples.items():
+        rows = []
+        for c in range(num_classes):
+            picked = tokens[labels == c][:per_class]
+            with torch.no_grad():
+                img = (vq.decode_code(picked).clamp(-1, 1) + 1) / 2 if len(picked) else torch.zeros(0, 3, side, side)
+            rows.append(torch.cat([img, torch.full((per_class - len(img), *img.shape[1:]), 0.5)]))
+        blocks.append(make_grid(torch.cat(rows), nrow=per_class, padding=1, pad_value=1.0))
+    with atomic_path(path) as tmp:
+        save_image(make_grid(torch.stack(blocks), nrow=len(blocks), padding=4, pad_value=0.0), tmp, format="png")
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="lantern ambiguity", description="token selection ambiguity of a target")
+    ap.add_argument("--target", required=True, help="GPT checkpoint (c2i)")
+    ap.add_argument("--heldout", required=True, help="held-out tokens (`lantern tokenize` file)")
+    ap.add_argument("--out", required=True, help="summary CSV: source, cfg_scale, mean_top1, frac_top1_below_0.2, ...")
+    ap.add_argument("--steps-out", required=True, help="per-step CSV: source, cfg_scale, image, label, position, top1, entropy")
+    ap.add_argument("--vq", help="VQ checkpoint; with --grid, decode the samples into a PNG grid")
+    ap.add_argument("--grid", help="PNG of the samples (a row per class, one block per CFG scale); needs --vq")
+    ap.add_argument("--params", default=None, help="AmbiguityParams as inline JSON/YAML or a file path")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    a = ap.parse_args(argv)
+    params = params_from(read_structured(a.params), AmbiguityParams)
+    if bool(a.grid) != bool(a.vq):
+        raise UserError("--grid and --vq go together: give both to draw the sample grid, or neither")
+    if a.grid and not params.n_samples:
+        raise UserError("--grid needs own samples: set n_samples > 0")
+    heldout = load_tokens(a.heldout, "--heldout")
+    model = load_gpt(a.target)
+    if model.args.model_type != "c2i":
+        raise UserError("lantern ambiguity measures class-conditional targets; this checkpoint is t2i")
+    if heldout["tokens"].shape[1] != model.args.image_tokens:
+        raise UserError(f"--heldout has {heldout['tokens'].shape[1]} tokens per image, the target "
+                        f"{model.args.image_tokens}; tokenize with the target's VQ")
+    set_threads(a.threads)
+    summary, steps, samples = measure(model, params, heldout)
+    with atomic_path(a.out) as tmp:
+        summary.to_csv(tmp, index=False)
+    with atomic_path(a.steps_out) as tmp:
+        steps.to_csv(tmp, index=False)
+    if a.grid:
+        save_grid(a.vq, samples, model.args.num_classes, a.grid)
+    print(summary.to_string(index=False))

@@ -1,0 +1,123 @@
+"""Speed statistics from the per-image stats tables that `lantern sample` writes.
+
+Conventions: tau_incl_bonus = tokens / target forwards over all images (the mean accepted length with the bonus
+token counted; vanilla = 1). Latency is the per-image wall time the generator recorded (warm-up excluded, CUDA
+synchronised; a batch's wall time is shared by its images), so throughput = images / summed latency. Speed-up =
+vanilla latency / latency, against the vanilla rows of the same group (e.g. the same decoding mode) and, when the
+table has a `vanilla_time_total_s` column (a vanilla reference timed in the same job), against that too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..errors import UserError
+from ..io import atomic_path, read_structured
+from .params import params_from
+
+REQUIRED = ("method", "time_total_s")
+IN_JOB_REFERENCE = "vanilla_time_total_s"
+
+
+@dataclass
+class SpeedParams:
+    baseline_method: str = "vanilla"  # value of the `method` column that speed-ups are measured against
+    point_by: list[str] = field(default_factory=lambda: ["method", "mode"])  # columns naming one sweep point
+    group_by: list[str] = field(default_factory=lambda: ["mode"])  # speed-up only within a group (same mode)
+
+
+def read_stats(paths: list[str | os.PathLike]) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise UserError(f"stats table {path} does not exist (written by `lantern sample` as stats.csv)")
+        df = pd.read_csv(path)
+        missing = [c for c in REQUIRED if c not in df.columns]
+        if missing:
+            raise UserError(f"stats table {path} lacks column(s) {missing}; is it a `lantern sample` stats.csv?")
+        frames.append(df.assign(stats_file=str(path)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _mean(df: pd.DataFrame, col: str) -> float:
+    return float(df[col].mean()) if col in df.columns else math.nan
+
+
+def summarize(df: pd.DataFrame) -> dict:
+    """One sweep point's speed row from its per-image stats (all shards together)."""
+    if df.empty:
+        raise UserError("stats table has no rows")
+    total_s = float(df["time_total_s"].sum())
+    n = len(df)
+    has = df.columns.__contains__
+    if has("n_tokens") and has("target_forwards"):
+        tau = float(df["n_tokens"].sum() / df["target_forwards"].sum())
+    else:
+        tau = _mean(df, "tau")
+    row = {
+        "method": ",".join(sorted(map(str, df["method"].unique()))),
+        "n_images_timed": n,
+        "tau_incl_bonus": tau,
+        "target_forwards_per_image": _mean(df, "target_forwards"),
+        "drafter_forwards_per_image": _mean(df, "drafter_forwards"),
+        "steps_per_image": _mean(df, "steps"),
+        "latency_s_per_image": total_s / n,
+        "latency_s_median": float(df["time_total_s"].median()),
+        "time_draft_s_per_image": _mean(df, "time_draft_s"),
+        "time_verify_s_per_image": _mean(df, "time_verify_s"),
+        "time_other_s_per_image": _mean(df, "time_other_s"),
+        "throughput_images_per_s": n / total_s if total_s > 0 else math.nan,
+        "throughput_tokens_per_s": float(df["n_tokens"].sum()) / total_s if has("n_tokens") and total_s > 0
+        else math.nan,
+        "peak_mem_mib": float(df["peak_mem_bytes"].max()) / 2**20 if has("peak_mem_bytes") else math.nan,
+        "device": ",".join(sorted(map(str, df["device"].dropna().unique()))) if has("device") else "",
+        "speedup_vs_in_job_vanilla": (float(df[IN_JOB_REFERENCE].mean()) / (total_s / n)
+                                      if has(IN_JOB_REFERENCE) and total_s > 0 else math.nan),
+    }
+    for col in ("mode",):
+        if has(col):
+            row[col] = ",".join(sorted(map(str, df[col].unique())))
+    return row
+
+
+def summarize_points(df: pd.DataFrame, point_by: list[str]) -> pd.DataFrame:
+    keys = [c for c in point_by if c in df.columns]
+    if not keys:
+        raise UserError(f"stats tables have none of the point_by columns {point_by}")
+    rows = [{**dict(zip(keys, k if isinstance(k, tuple) else (k,))), **summarize(g)}
+            for k, g in df.groupby(keys, sort=True, dropna=False)]
+    return pd.DataFrame(rows)
+
+
+def add_speedups(table: pd.DataFrame, baseline_method: str = "vanilla", group_by: list[str] = ()) -> pd.DataFrame:
+    """speedup_vs_vanilla = mean latency of the baseline rows in the same group / the row's latency.
+    Several baseline rows in one group (vanilla controls with different seeds) are averaged."""
+    table = table.copy()
+    keys = [c for c in group_by if c in table.columns]
+    base = table[table["method"] == baseline_method]
+    if keys:
+        ref = base.groupby(keys, dropna=False)["latency_s_per_image"].mean().rename("_ref")
+        table = table.join(ref, on=keys)
+    else:
+        table["_ref"] = base["latency_s_per_image"].mean() if len(base) else math.nan
+    table["speedup_vs_vanilla"] = table["_ref"] / table["latency_s_per_image"]
+    return table.drop(columns="_ref")
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="lantern speed", description="speed table (tau, forwards, latency, "
+                                 "throughput, memory, speed-up vs vanilla) from `lantern sample` stats tables")
+    ap.add_argument("--stats", nargs="+", required=True, help="stats.csv files: all shards of all sweep points")
+    ap.add_argument("--out", required=True, help="output CSV, one row per sweep point")
+    ap.add_argument("--params", default=None, help="SpeedParams as inline JSON/YAML or a file path")
+    a = ap.parse_args(argv)
+    p = params_from(read_structured(a.params), SpeedParams)
+    table = add_speedups(summarize_points(read_stats(a.stats), p.point_by), p.baseline_method, p.group_by)
+    with atomic_path(a.out) as tmp:
+        table.to_csv(tmp, index=False)
+    print(table.to_string(index=False, max_cols=12))

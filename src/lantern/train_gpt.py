@@ -1,0 +1,147 @@
+"""`lantern train-gpt`: train the class-conditional GPT target of the toy world on VQ tokens.
+
+Teacher-forced next-token cross-entropy over all image tokens, classifier-free-guidance training by replacing 10 %
+of the labels with the null class, AdamW with warm-up and cosine decay, validation loss on held-out tokens.
+The checkpoint is the upstream container {"model": state_dict} plus the ModelArgs ("args") so it loads by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .checkpoint import save_checkpoint
+from .data import params_from
+from .errors import UserError
+from .io import read_structured, write_json
+from .model import GPT, ModelArgs, num_params
+from .train_vq import cosine_lr, set_threads, sidecar
+
+
+@dataclass
+class GPTParams:
+    # model (the default is >= 1M parameters: expensive enough per forward that speculative decoding pays off on
+    # a CPU; smoke preset: dim 64, n_layer 2, n_head 2)
+    dim: int = 128
+    n_layer: int = 6
+    n_head: int = 4
+    multiple_of: int = 64
+    num_classes: int = 16
+    class_dropout_prob: float = 0.1
+    # training
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batch: int = 256
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 1:
+            raise UserError(f"GPTParams steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if not 0 <= self.class_dropout_prob < 1:
+            raise UserError(f"GPTParams class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
+
+    def model_args(self, vocab_size: int, image_tokens: int) -> ModelArgs:
+        return ModelArgs(dim=self.dim, n_layer=self.n_layer, n_head=self.n_head, vocab_size=vocab_size,
+                         num_classes=self.num_classes, image_tokens=image_tokens, multiple_of=self.multiple_of,
+                         class_dropout_prob=self.class_dropout_prob)
+
+
+def load_tokens(path: str | Path, what: str) -> dict:
+    """Read a `lantern tokenize` file: tokens [n, N], labels [n], codebook_size."""
+    if not Path(path).is_file():
+        raise UserError(f"{what} {path} does not exist; make it with `lantern tokenize`")
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or not {"tokens", "labels", "codebook_size"} <= set(obj):
+        raise UserError(f"{what} {path} is not a `lantern tokenize` file (needs tokens, labels, codebook_size)")
+    return obj
+
+
+@torch.no_grad()
+def validation_loss(model: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
+    """Mean next-token cross-entropy (nats) with the true labels (no condition dropout)."""
+    model.eval()
+    total = 0.0
+    for lo in range(0, len(tokens), batch):
+        t, y = tokens[lo : lo + batch], labels[lo : lo + batch]
+        logits, _ = model(y, t[:, :-1])
+        total += F.cross_entropy(logits.flatten(0, 1), t.flatten(), reduction="sum").item()
+    model.train()
+    return total / tokens.numel()
+
+
+def train(params: GPTParams, train_set: dict, val_set: dict) -> tuple[GPT, dict]:
+    tokens, labels = train_set["tokens"], train_set["labels"]
+    args = params.model_args(int(train_set["codebook_size"]), tokens.shape[1])
+    torch.manual_seed(params.seed)
+    gen = torch.Generator().manual_seed(params.seed)
+    model = GPT(args)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=params.lr, betas=params.betas)
+    history, started = [], time.time()
+    bar = tqdm(range(params.steps), desc="train-gpt", mininterval=2.0)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, params.steps, params.lr, params.warmup_steps, params.min_lr_ratio)
+        rows = torch.randint(len(tokens), (params.batch_size,), generator=gen)
+        t = tokens[rows]
+        cond = model.drop_cond(labels[rows], params.class_dropout_prob, generator=gen)
+        logits, _ = model(cond, t[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), t.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if params.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % params.eval_every == 0 or step + 1 == params.steps:
+            val = validation_loss(model, val_set["tokens"], val_set["labels"], params.eval_batch)
+            history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": val,
+                            "seconds": time.time() - started})
+            tqdm.write(f"step {step + 1}: train loss {loss.item():.4f}, val loss {val:.4f}")
+    metrics = {"val_loss": history[-1]["val_loss"], "train_loss": history[-1]["train_loss"],
+               "val_perplexity": math.exp(history[-1]["val_loss"]), "train_seconds": time.time() - started,
+               "params": num_params(model), "history": history}
+    return model, metrics
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="lantern train-gpt", description="train the class-conditional GPT target")
+    ap.add_argument("--tokens", required=True, help="training tokens (`lantern tokenize` file)")
+    ap.add_argument("--val", required=True, help="held-out tokens for the validation loss")
+    ap.add_argument("--out", required=True, help="checkpoint {'model': state_dict, 'args': ModelArgs}; config and "
+                    "metrics go to the same path with .json")
+    ap.add_argument("--params", default=None, help="GPTParams as inline JSON/YAML or a file path")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    a = ap.parse_args(argv)
+    params = params_from(read_structured(a.params), GPTParams)
+    train_set, val_set = load_tokens(a.tokens, "--tokens"), load_tokens(a.val, "--val")
+    if train_set["tokens"].shape[1] != val_set["tokens"].shape[1] or train_set["codebook_size"] != val_set["codebook_size"]:
+        raise UserError("--tokens and --val come from different tokenizers (token count or codebook size differ)")
+    top = int(max(train_set["labels"].max(), val_set["labels"].max()))
+    if top >= params.num_classes:
+        raise UserError(f"labels go up to {top} but num_classes = {params.num_classes}; set num_classes: {top + 1}")
+    set_threads(a.threads)
+    model, metrics = train(params, train_set, val_set)
+    save_checkpoint(a.out, model, args=model.args.to_dict())
+    write_json(sidecar(a.out), {"kind": "gpt", "model_args": model.args.to_dict(),
+                                "params": dataclasses.asdict(params), "metrics": metrics,
+                                "tokens": str(a.tokens), "val": str(a.val), "threads": torch.get_num_threads()})
+    print(f"GPT: {metrics['params'] / 1e6:.2f}M params, val loss {metrics['val_loss']:.4f} "
+          f"(perplexity {metrics['val_perplexity']:.1f}), {metrics['train_seconds']:.0f} s -> {a.out}")

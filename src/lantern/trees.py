@@ -1,0 +1,516 @@
+"""Draft trees: static shapes (EAGLE-1, LANTERN++) and dynamic trees (EAGLE-2), verified in one target forward.
+
+One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py:
+1. draft: the drafter catches up over the last accepted path with the target's true hidden states (one forward),
+   then grows the tree a level at a time: one drafter forward over the nodes of a depth that get children, each
+   node reading its parent's predicted hidden state at drafter position Q + depth - 1 and seeing its ancestors;
+2. verify: one target forward over [y, nodes] at RoPE positions Q + depth, written to cache slots Q, Q + 1, ..,
+   with a tree mask (a node sees the committed prefix, y, its ancestors and itself);
+3. accept: greedy keeps the deepest node whose whole path passes the (relaxed) greedy test, the longest accepted
+   path; sampling walks down from y, trying each node's children in order with multi-candidate verification
+   (acceptance.verify_candidates), and ends on a correction drawn from the residual or a bonus token below an
+   accepted leaf; greedy emits the target's argmax after the path;
+4. commit: the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep); the next catch-up
+   rewrites the drafter's.
+
+Children of a node: under greedy, and on every dynamic tree, the parent's top-ranked drafter tokens, verified as
+deterministic drafts (q = 1: a rejected token leaves p, which is renormalised). Under sampling a static tree draws
+children from the drafter distribution without replacement (ordered Gumbel-top-k, which is successive sampling
+without replacement) and keeps the parent's q: verification tries child j with its conditional draft probability
+q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each rejection.
+
+Static shapes are rank paths: (0, 2) is the third-ranked child of the root's top-ranked child. Every parent's
+child ranks must be 0 .. c - 1 (successive draws). `naive_extend_57` (the default, our own design with the
+authors' profile): 57 nodes, depth 5, 5 / 13 / 16 / 14 / 9 nodes per depth, ranks within the parent's top 6,
+widest near the root and along the top-ranked path, where acceptance is most likely. `twin_chain_8` (16 nodes,
+depth 8) suits CPUs (see below); `chain` is a depth-gamma chain.
+Dynamic trees (EAGLE-2, the authors' parameter names): the root's top_k children, then `depth` expansions, each
+running the drafter on the top_k frontier nodes by cumulative drafter log-probability and offering each one's
+top_k children; the best total_tokens - 1 of all offered nodes form the tree (drafts reach depth + 1).
+Stats: accepted_per_step = accepted_depth = drafts accepted per round; tree_depth = the deepest drafted node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .acceptance import AcceptRule, greedy_accept, verify_candidates
+from .drafter import Drafter
+from .errors import UserError
+from .generate import (
+    ImageStats, SamplingParams, StepTimer, cfg_rows, logits_to_probs, peak_memory, reset_peak_memory, sample_index,
+)
+from .model import GPT, causal_mask
+
+# parent rank path -> number of children (ranks 0 .. c - 1)
+NAIVE_EXTEND_57 = {
+    (): 5,
+    (0,): 6, (1,): 4, (2,): 2, (3,): 1,
+    (0, 0): 5, (0, 1): 3, (0, 2): 2, (1, 0): 3, (1, 1): 1, (2, 0): 2,
+    (0, 0, 0): 5, (0, 0, 1): 2, (0, 1, 0): 2, (1, 0, 0): 2, (0, 0, 2): 1, (0, 2, 0): 1, (2, 0, 0): 1,
+    (0, 0, 0, 0): 4, (0, 0, 0, 1): 2, (0, 0, 1, 0): 1, (0, 1, 0, 0): 1, (1, 0, 0, 0): 1,
+}
+# A CPU-sized shape: the two top-ranked first drafts, each continued by the drafter's top choice to depth 8. On a
+# CPU verifying a node costs real compute (59 nodes cost about 4 vanilla steps for the toy target), while under
+# relaxed acceptance nearly every top-ranked draft passes, so depth pays and width does not.
+TWIN_CHAIN_8 = [(r,) + (0,) * j for r in (0, 1) for j in range(8)]
+SHAPES = ("naive_extend_57", "twin_chain_8", "chain")
+
+
+def _paths_of(children: dict) -> list[tuple[int, ...]]:
+    return [parent + (r,) for parent, c in children.items() for r in range(c)]
+
+
+@dataclass
+class Draft:
+    """One round's tree over [y, nodes]; node i sits in row / slot offset i + 1, parents before children."""
+
+    tokens: Tensor  # [n]
+    depth: Tensor  # [n], >= 1
+    parent: Tensor  # [n], -1: a child of y
+    block: Tensor  # [n + 1, n + 1] bool: ancestors and self over [y, nodes]
+    children: list[list[int]]  # children[i + 1] of node i (children[0]: of y), in the order they are tried
+    q: Tensor | None = None  # [rows, V] drafter distributions children were sampled from; None: deterministic
+    q_row: list[int] | None = None  # row of q for [y, nodes]
+    drafter_passes: int = 0
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+
+@dataclass
+class _Level:
+    """Depth d + 1 of a static shape: nodes lo..hi-1, drawn from the q rows of depth d's runners."""
+
+    lo: int
+    hi: int
+    width: int  # top ranks to draw per parent
+    parent_row: Tensor  # row of each node's parent among depth d's runners
+    rank: Tensor
+    runners: Tensor  # node indices at depth d + 1 that have children
+    runner_parent_row: Tensor  # their parents' rows among depth d's runners
+    runner_anc: Tensor  # [runners, n] their ancestors and themselves
+
+
+class StaticTree:
+    """A static draft shape from rank paths; masks, levels and gather indices are computed once, on `device`."""
+
+    def __init__(self, paths, name: str = "custom", device="cpu"):
+        self.name, self.device = name, torch.device(device)
+        paths = _check_paths(paths)
+        index = {p: i for i, p in enumerate(paths)}
+        self.paths, self.n, self.depth = paths, len(paths), max(len(p) for p in paths)
+        parent = [index.get(p[:-1], -1) for p in paths]
+        self.children: list[list[int]] = [[] for _ in range(self.n + 1)]
+        for i, p in enumerate(parent):
+            self.children[p + 1].append(i)
+        anc = torch.eye(self.n, dtype=torch.bool)
+        for i, p in enumerate(parent):
+            if p >= 0:
+                anc[i] |= anc[p]
+        t = lambda x, dtype=torch.long: torch.as_tensor(x, dtype=dtype).to(self.device)  # noqa: E731
+        self.parent, self.depths = t(parent), t([len(p) for p in paths])
+        self.anc, self.block = t(anc, torch.bool), t(_block(anc), torch.bool)
+        # runners: nodes that get children, in node order; their q rows are [y, runners of depth 1, 2, ..]
+        runners = [[-1]] + [[i for i in range(self.n) if len(paths[i]) == d and self.children[i + 1]]
+                            for d in range(1, self.depth)] + [[]]
+        row_of = {r: j for j, r in enumerate(r for rs in runners for r in rs)}
+        self.q_row = [row_of.get(i - 1, -1) for i in range(self.n + 1)]
+        self.levels = []
+        for d in range(self.depth):
+            nodes = [i for i in range(self.n) if len(paths[i]) == d + 1]
+            within = {r: j for j, r in enumerate(runners[d])}
+            nxt = runners[d + 1]
+            self.levels.append(_Level(
+                lo=nodes[0], hi=nodes[-1] + 1, width=max(paths[i][-1] for i in nodes) + 1,
+                parent_row=t([within[parent[i]] for i in nodes]), rank=t([paths[i][-1] for i in nodes]),
+                runners=t(nxt), runner_parent_row=t([within[parent[i]] for i in nxt]), runner_anc=t(anc[nxt], torch.bool),
+            ))
+        self._cut: dict[int, StaticTree] = {}
+
+    def to(self, device) -> "StaticTree":
+        return self if torch.device(device) == self.device else StaticTree(self.paths, self.name, device)
+
+    @property
+    def max_rank(self) -> int:
+        return max(p[-1] for p in self.paths)
+
+    @property
+    def drafter_slots(self) -> int:
+        return self.n
+
+    @property
+    def max_nodes(self) -> int:
+        return self.n
+
+    def upto(self, depth: int) -> "StaticTree":
+        """The shape cut at `depth` (the last rounds of an image have fewer tokens left to draft)."""
+        if depth >= self.depth:
+            return self
+        if depth not in self._cut:
+            self._cut[depth] = StaticTree([p for p in self.paths if len(p) <= depth], self.name, self.device)
+        return self._cut[depth]
+
+    def describe(self) -> str:
+        return f"static tree {self.name} ({self.n} nodes, depth {self.depth})"
+
+    def draft(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
+              max_depth: int, generator: torch.Generator) -> Draft:
+        """Grow the shape (cut at max_depth) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
+        shape = self.upto(max_depth)
+        R, device = pred.shape[0], pred.device
+        sampled = not params.greedy
+        tokens = torch.empty(shape.n, dtype=torch.long, device=device)
+        keys = torch.empty(shape.n, dtype=torch.float64, device=device) if sampled else None
+        q, hidden, qs = q_root[None], pred, [q_root[None]]
+        for d, lvl in enumerate(shape.levels):
+            if sampled:  # ordered Gumbel-top-k: successive draws without replacement
+                u = torch.rand(q.shape, generator=generator, dtype=torch.float64).to(device).clamp_(min=1e-300)
+                top = (q.double().log() - (-u.log()).log()).topk(lvl.width, dim=-1)
+                keys[lvl.lo : lvl.hi] = top.values[lvl.parent_row, lvl.rank]
+            else:
+                top = q.topk(lvl.width, dim=-1)
+            tokens[lvl.lo : lvl.hi] = top.indices[lvl.parent_row, lvl.rank]
+            if not len(lvl.runners):
+                break
+            emb = drafter.embed_tokens(tokens[lvl.runners])[None].expand(R, -1, -1)
+            pos = torch.full((len(lvl.runners),), Q + d, device=device)
+            hidden = drafter_tree_pass(drafter, emb, hidden[:, lvl.runner_parent_row], pos, Q + lvl.runners,
+                                       lvl.runner_anc, Q)
+            q = row_probs(drafter.head(hidden), params, n_done + d + 1)
+            qs.append(q)
+        children = shape.children
+        if sampled:  # a child past the support of q (keys -inf) is never offered
+            ok = (keys > float("-inf")).tolist()
+            children = [[c for c in cs if ok[c]] for cs in children]
+        return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block, children=children,
+                     q=torch.cat(qs) if sampled else None, q_row=shape.q_row, drafter_passes=len(qs) - 1)
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 dynamic tree (the LANTERN code's defaults)."""
+
+    total_tokens: int = 59  # y plus the kept nodes
+    depth: int = 4  # expansions after the root's top_k; drafts reach depth + 1
+    top_k: int = 10
+
+    def __post_init__(self):
+        for key in ("total_tokens", "depth", "top_k"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (2 if key == "total_tokens" else 1):
+                raise UserError(f"dynamic tree {key}={v!r} must be an integer >= {2 if key == 'total_tokens' else 1}")
+
+    @property
+    def max_rank(self) -> int:
+        return self.top_k - 1
+
+    @property
+    def drafter_slots(self) -> int:
+        return self.depth * self.top_k
+
+    @property
+    def max_nodes(self) -> int:
+        return self.total_tokens - 1
+
+    def to(self, device) -> "DynamicTree":
+        return self
+
+    def describe(self) -> str:
+        return f"dynamic tree (total_tokens {self.total_tokens}, depth {self.depth}, top_k {self.top_k})"
+
+    def draft(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
+              max_depth: int, generator: torch.Generator) -> Draft:
+        R, device = pred.shape[0], pred.device
+        k, m = self.top_k, self.drafter_slots
+        levels = min(self.depth + 1, max_depth)
+        score, tok = q_root.log().topk(k)
+        c_tok, c_score, c_parent, c_depth = [tok], [score], [torch.full((k,), -1, device=device)], [1] * k
+        front, hidden = torch.arange(k, device=device), pred[:, [0] * k]
+        anc = torch.zeros(k, m, dtype=torch.bool, device=device)
+        anc[:, :k] = torch.eye(k, dtype=torch.bool, device=device)
+        offered = k
+        for e in range(1, levels):
+            emb = drafter.embed_tokens(tok)[None].expand(R, -1, -1)
+            pos = torch.full((k,), Q + e - 1, device=device)
+            slots = Q + (e - 1) * k + torch.arange(k, device=device)
+            hidden = drafter_tree_pass(drafter, emb, hidden, pos, slots, anc, Q)
+            ls, lt = row_probs(drafter.head(hidden), params, n_done + e).log().topk(k, dim=-1)
+            cs = (score[:, None] + ls).flatten()
+            c_tok.append(lt.flatten())
+            c_score.append(cs)
+            c_parent.append(front.repeat_interleave(k))
+            c_depth += [e + 1] * (k * k)
+            if e + 1 < levels:
+                best = cs.topk(k).indices
+                par = best // k
+                front, tok, score, hidden = offered + best, lt.flatten()[best], cs[best], hidden[:, par]
+                anc = anc[par]
+                anc[torch.arange(k, device=device), e * k + torch.arange(k, device=device)] = True
+            offered += k * k
+        scores = torch.cat(c_score)
+        n = min(self.total_tokens - 1, scores.numel())
+        # stable: among equal scores (q = 1, or -inf) shallower nodes first, so every kept node's parent is kept
+        keep = torch.sort(scores, descending=True, stable=True).indices[:n].sort().values
+        renumber = torch.full((scores.numel(),), -1, dtype=torch.long, device=device)
+        renumber[keep] = torch.arange(n, device=device)
+        up = torch.cat(c_parent)[keep]
+        parent = torch.where(up >= 0, renumber[up.clamp(min=0)], up)
+        depth = torch.tensor(c_depth, device=device)[keep]
+        anc = torch.eye(n, dtype=torch.bool, device=device)
+        for d in range(2, levels + 1):
+            idx = (depth == d).nonzero().flatten()
+            anc[idx] |= anc[parent[idx]]
+        children: list[list[int]] = [[] for _ in range(n + 1)]
+        for i, p in enumerate(parent.tolist()):
+            children[p + 1].append(i)
+        return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc),
+                     children=children, drafter_passes=levels - 1)
+
+
+def _check_paths(paths) -> list[tuple[int, ...]]:
+    """Rank paths as sorted tuples (by depth, then lexicographically: parents before children, siblings by rank)."""
+    if not isinstance(paths, (list, tuple)) or not paths:
+        raise UserError("a static tree must be a non-empty list of rank paths such as [[0], [1], [0, 0]]")
+    out = set()
+    for p in paths:
+        if not isinstance(p, (list, tuple)) or not p or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in p):
+            raise UserError(f"static tree path {p!r} must be a non-empty list of ranks (integers >= 0)")
+        if tuple(p) in out:
+            raise UserError(f"static tree path {list(p)} appears twice")
+        out.add(tuple(p))
+    for p in out:
+        if len(p) > 1 and p[:-1] not in out:
+            raise UserError(f"static tree path {list(p)} has no parent {list(p[:-1])}; add it")
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in out:
+            raise UserError(f"static tree path {list(p)} skips rank {p[-1] - 1}: children must take ranks 0 .. c - 1")
+    return sorted(out, key=lambda p: (len(p), p))
+
+
+def _block(anc: Tensor) -> Tensor:
+    """[n + 1, n + 1] tree mask over [y, nodes] from the nodes' ancestor-or-self matrix."""
+    n = anc.shape[0]
+    block = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=anc.device)
+    block[:, 0] = True
+    block[1:, 1:] = anc
+    return block
+
+
+def static_tree(name_or_paths, gamma: int = 4) -> StaticTree:
+    if isinstance(name_or_paths, (list, tuple)):
+        return StaticTree(name_or_paths)
+    if name_or_paths == "naive_extend_57":
+        return StaticTree(_paths_of(NAIVE_EXTEND_57), "naive_extend_57")
+    if name_or_paths == "twin_chain_8":
+        return StaticTree(TWIN_CHAIN_8, "twin_chain_8")
+    if name_or_paths == "chain":
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise UserError(f"the chain tree needs gamma >= 1 (its depth), got {gamma!r}")
+        return StaticTree([(0,) * d for d in range(1, gamma + 1)], f"chain{gamma}")
+    raise UserError(f"unknown static tree {name_or_paths!r}; use {' or '.join(SHAPES)} or a list of rank paths")
+
+
+def tree_from_method(method: dict) -> StaticTree | DynamicTree:
+    """The tree of a sweep method spec: drafting static (tree, gamma for `chain`) or dynamic (total_tokens, depth, top_k)."""
+    drafting = method.get("drafting")
+    if drafting == "static":
+        return static_tree(method.get("tree", "naive_extend_57"), method.get("gamma", 4))
+    if drafting == "dynamic":
+        return DynamicTree(**{k: method[k] for k in ("total_tokens", "depth", "top_k") if k in method})
+    raise UserError(f"drafting {drafting!r} is not a tree; use static or dynamic")
+
+
+# -- shared pieces ------------------------------------------------------------------------------------------------
+def row_probs(logits: Tensor, params: SamplingParams, index) -> Tensor:
+    """logits [R, S, V] (rows [cond; uncond] under CFG) -> [S, V] processed distributions; row s is for token
+    index[s] (an int: all rows), which matters only through cfg_interval. Same arithmetic as generate.mix_cfg."""
+    if params.use_cfg:
+        cond, uncond = logits.chunk(2, dim=0)
+        mixed = uncond + (cond - uncond) * params.cfg_scale
+        if params.cfg_interval > -1:
+            late = torch.as_tensor(index, device=logits.device) > params.cfg_interval
+            mixed = torch.where(late.view(1, -1, 1) if late.ndim else late, cond, mixed)
+        logits = mixed
+    return logits_to_probs(logits[0], params)
+
+
+def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
+    """[rows, cache_len]: the committed slots < Q plus `block` over the slots from Q on."""
+    visible = torch.zeros(rows, cache_len, dtype=torch.bool, device=block.device)
+    visible[:, :Q] = True
+    visible[:, Q : Q + block.shape[1]] = block
+    return visible
+
+
+def drafter_tree_pass(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, anc: Tensor,
+                      Q: int) -> Tensor:
+    """Drafter over tree nodes at positions `pos`, cache slots `slots`; anc [S, m] = the tree slots (from Q on)
+    each node sees. Returns the predicted hidden states [R, S, d]."""
+    visible = _visible(len(slots), drafter.cache_len, Q, anc)
+    own = torch.zeros_like(visible)
+    own[torch.arange(len(slots), device=slots.device), slots] = True
+    mask = (visible[None, None] & drafter.key_valid[:, None, None, :]) | own[None, None]
+    return drafter._run(emb, hidden, pos, mask, slots)
+
+
+def verify_tree(target: GPT, root: int, draft: Draft, Q: int) -> tuple[Tensor, Tensor]:
+    """One target forward over [y, nodes]: (logits, hidden) [R, n + 1, ...]; writes cache slots Q .. Q + n."""
+    R = target.cache_key_valid.shape[0]
+    device = draft.tokens.device
+    seq = torch.cat([torch.tensor([root], device=device), draft.tokens])
+    pos = Q + torch.cat([torch.zeros(1, dtype=torch.long, device=device), draft.depth])
+    slots = Q + torch.arange(len(seq), device=device)
+    visible = _visible(len(seq), target.cache_len, Q, draft.block)
+    return target.forward_cached(target.embed_tokens(seq)[None].expand(R, -1, -1), pos, slots, visible)
+
+
+def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
+    """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes."""
+    ok = greedy_accept(P[draft.parent + 1], draft.tokens, table, rule)
+    anc = draft.block[1:, 1:]
+    reach = torch.where((anc & ~ok).any(1), 0, draft.depth)
+    best = int(reach.argmax())  # the first deepest: ties go to the higher-ranked branch
+    if int(reach[best]) == 0:
+        return [], P[0]
+    return anc[best].nonzero().flatten().tolist(), P[best + 1]
+
+
+def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule,
+                   generator: torch.Generator) -> tuple[list[int], Tensor]:
+    """Walk from y: verify each node's children in order; (accepted nodes, distribution of the next token)."""
+    tokens = draft.tokens.tolist()
+    node, path = -1, []
+    while True:
+        p, cands = P[node + 1], draft.children[node + 1]
+        if not cands:
+            return path, p
+        u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
+        q = None if draft.q is None else draft.q[draft.q_row[node + 1]]
+        j, p = verify_candidates(p, q, [tokens[c] for c in cands], table, rule, u)
+        if j < 0:
+            return path, p
+        node = cands[j]
+        path.append(node)
+
+
+# -- decoding -----------------------------------------------------------------------------------------------------
+@dataclass
+class TreeStats(ImageStats):
+    """ImageStats plus, per verification step, the accepted depth and the depth of the drafted tree."""
+
+    accepted_depth: list[int] = field(default_factory=list)
+    tree_depth: list[int] = field(default_factory=list)
+
+    def row(self) -> dict:
+        d = super().row()
+        d.update(accepted_depth=" ".join(map(str, self.accepted_depth)), tree_depth=" ".join(map(str, self.tree_depth)))
+        return d
+
+
+@torch.no_grad()
+def tree_decode(
+    target: GPT,
+    drafter: Drafter,
+    cond: Tensor,
+    params: SamplingParams,
+    rule: AcceptRule,
+    tree: StaticTree | DynamicTree,
+    generator: torch.Generator,
+    table: Tensor | None = None,
+    cond_mask: Tensor | None = None,
+) -> tuple[Tensor, TreeStats]:
+    """Decode one image (cond [1] or [1, T, C]) with tree drafts; returns its tokens [N] and stats."""
+    if cond.shape[0] != 1:
+        raise ValueError(f"tree_decode takes one image at a time, got a batch of {cond.shape[0]}")
+    if rule.relaxed and (table is None or table.shape[1] < rule.table_width):
+        raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
+    if tree.max_rank >= target.args.vocab_size:
+        raise UserError(f"{tree.describe()} drafts rank {tree.max_rank}, beyond the vocabulary of {target.args.vocab_size}")
+    N, T = target.args.image_tokens, target.args.cls_token_num
+    device = target.output.weight.device
+    timer = StepTimer(device)
+    reset_peak_memory(device)
+    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
+    R = rows.shape[0]
+    with timer.section("other"):
+        tree = tree.to(device)
+        target.setup_cache(R, extra=tree.max_nodes)
+        drafter.setup_cache(R, extra=tree.drafter_slots, cond_mask=rows_mask)
+    with timer.section("verify"):
+        if rows_mask is not None:
+            target.set_cond_mask(rows_mask)
+        pos = torch.arange(T, device=device)
+        cond_emb = target.embed_cond(rows)
+        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
+    with timer.section("other"):
+        p = row_probs(logits[:, -1:], params, 0)[0]
+        tokens = [int(p.argmax()) if params.greedy else sample_index(p, generator)]
+    pend_emb = torch.cat([cond_emb[:, 1:], target.embed_tokens(torch.tensor([tokens[-1]] * R, device=device))[:, None]], 1)
+    pend_h, start, Q = hidden, 0, T
+    stats = TreeStats(n_tokens=N, target_forwards=1)
+
+    while len(tokens) < N:
+        n_done = len(tokens)
+        with timer.section("draft"):
+            pred = drafter.step(pend_emb, pend_h, start)[:, -1:]  # predicted h_Q
+            q_root = row_probs(drafter.head(pred), params, n_done)[0]
+            draft = tree.draft(drafter, pred, q_root, params, Q, n_done, N - n_done, generator)
+            stats.drafter_forwards += 1 + draft.drafter_passes
+        with timer.section("verify"):
+            logits, hidden = verify_tree(target, tokens[-1], draft, Q)
+            stats.target_forwards += 1
+        with timer.section("other"):
+            P = row_probs(logits, params, n_done + torch.cat([torch.zeros(1, dtype=torch.long, device=device), draft.depth]))
+            if params.greedy:
+                path, p = accept_greedy(P, draft, table, rule)
+            else:
+                path, p = accept_sampled(P, draft, table, rule, generator)
+            a = len(path)
+            if a:
+                target.keep(Q + 1 + torch.tensor(path, device=device), Q + 1)
+            tokens += draft.tokens[path].tolist()
+            stats.accepted_per_step.append(a)
+            stats.accepted_depth.append(a)
+            stats.tree_depth.append(draft.max_depth)
+            if len(tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
+                break
+            tokens.append(int(p.argmax()) if params.greedy else sample_index(p, generator))
+            pend_emb = target.embed_tokens(torch.tensor(tokens[-a - 1 :], device=device).expand(R, -1))
+            pend_h = hidden[:, [0] + [i + 1 for i in path]]
+            start, Q = Q, Q + a + 1
+
+    target.clear_cache()
+    drafter.clear_cache()
+    stats.accepted_total = sum(stats.accepted_per_step)
+    stats.time_draft_s = timer.seconds.get("draft", 0.0)
+    stats.time_verify_s = timer.seconds.get("verify", 0.0)
+    stats.time_other_s = timer.seconds.get("other", 0.0)
+    stats.peak_mem_bytes = peak_memory(device)
+    return torch.tensor(tokens, device=device), stats
+
+
+def generate(
+    target: GPT,
+    drafter: Drafter,
+    cond: Tensor,
+    params: SamplingParams,
+    rule: AcceptRule,
+    tree: StaticTree | DynamicTree,
+    generators: list[torch.Generator],
+    table: Tensor | None = None,
+    cond_mask: Tensor | None = None,
+) -> tuple[Tensor, list[TreeStats]]:
+    """Tree speculative decoding of a batch, one image at a time; same contract as generate.generate."""
+    if len(generators) != cond.shape[0]:
+        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {cond.shape[0]}")
+    out, stats = [], []
+    for i, g in enumerate(generators):
+        m = None if cond_mask is None else cond_mask[i : i + 1]
+        tokens, s = tree_decode(target, drafter, cond[i : i + 1], params, rule, tree, g, table, m)
+        out.append(tokens)
+        stats.append(s)
+    return torch.stack(out), stats

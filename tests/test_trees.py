@@ -1,0 +1,406 @@
+import itertools
+
+import pytest
+import torch
+
+from lantern.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
+from lantern.drafter import Drafter, DrafterParams, self_generate, target_states, train_drafter
+from lantern.errors import UserError
+from lantern.generate import SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill
+from lantern.model import GPT, ModelArgs
+from lantern.speculative import generate as chain_generate
+from lantern.tables import accepted_mask
+from lantern.trees import (
+    Draft, DynamicTree, StaticTree, generate as tree_generate, row_probs, static_tree, tree_decode, tree_from_method,
+    verify_tree,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread (two OpenMP threads on a busy 2-core machine are far slower for tiny kernels)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
+    base = dict(dim=32, n_layer=2, n_head=2, vocab_size=16, num_classes=4, image_tokens=16, multiple_of=32)
+    if model_type == "t2i":
+        base.update(model_type="t2i", cls_token_num=5, caption_dim=12)
+    base.update(kw)
+    torch.manual_seed(seed)
+    model = GPT(ModelArgs(**base)).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny c2i target and a drafter trained on its own samples (a few seconds), so drafts are often right."""
+    target = tiny_target()
+    labels = torch.arange(192) % 4
+    tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
+    drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3))
+    return target, drafter
+
+
+def gens(n, seed=0):
+    return [image_generator(seed, i) for i in range(n)]
+
+
+TREES = {
+    "static": static_tree("naive_extend_57"),
+    "dynamic": DynamicTree(),
+    "small-dynamic": DynamicTree(total_tokens=12, depth=3, top_k=3),
+}
+
+
+# -- shapes -------------------------------------------------------------------------------------------------------
+def test_naive_extend_57_shape():
+    tree = static_tree("naive_extend_57")
+    assert tree.n == 57 and tree.depth == 5 and tree.max_rank < 10
+    assert torch.bincount(tree.depths).tolist() == [0, 5, 13, 16, 14, 9]
+    assert tree_from_method({"drafting": "static"}).paths == tree.paths  # the default
+    # parents come before children and every node's mask row is its path
+    for i, p in enumerate(tree.paths):
+        anc = [tree.paths[j] for j in tree.anc[i].nonzero().flatten().tolist()]
+        assert anc == [p[:d] for d in range(1, len(p) + 1)]
+    assert tree.upto(2).n == 18 and tree.upto(9) is tree
+
+
+def test_shape_specs_and_errors():
+    chain = tree_from_method({"drafting": "static", "tree": "chain", "gamma": 6})
+    assert chain.paths == [(0,) * d for d in range(1, 7)]
+    custom = tree_from_method({"drafting": "static", "tree": [[1], [0], [0, 0]]})
+    assert custom.paths == [(0,), (1,), (0, 0)] and custom.children == [[0, 1], [2], [], []]
+    dyn = tree_from_method({"drafting": "dynamic", "top_k": 4})
+    assert dyn == DynamicTree(59, 4, 4) and tree_from_method({"drafting": "dynamic"}) == DynamicTree(59, 4, 10)
+    assert static_tree("twin_chain_8").n == 16 and static_tree("twin_chain_8").depth == 8
+    for bad, needle in [([[0], [0, 0, 0]], "no parent"), ([[0], [2]], "skips rank"), ([[0], [0]], "twice"),
+                        ([[0], [-1]], "ranks"), ([], "non-empty"), ("bushy", "unknown static tree")]:
+        with pytest.raises(UserError, match=needle):
+            tree_from_method({"drafting": "static", "tree": bad})
+    with pytest.raises(UserError, match="gamma"):
+        static_tree("chain", 0)
+    with pytest.raises(UserError, match="top_k"):
+        DynamicTree(top_k=0)
+    with pytest.raises(UserError, match="not a tree"):
+        tree_from_method({"drafting": "chain"})
+
+
+# -- greedy: exactly the AR tokens ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_greedy_tree_decoding_equals_greedy_ar(trained, cfg):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=cfg, greedy=True, top_k=8)
+    cond = torch.arange(4)
+    ar, _ = generate(target, cond, params, gens(4))
+    for name, tree in TREES.items():
+        out, stats = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(4))
+        assert torch.equal(out, ar), name
+        assert sum(s.accepted_total for s in stats) > 20  # long accepted paths were exercised, not only corrections
+
+
+def test_greedy_tree_equals_ar_t2i_with_padding():
+    target = tiny_target("t2i")
+    drafter = Drafter.from_target(target).eval()
+    cond = torch.randn(2, 5, 12)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    params = SamplingParams(cfg_scale=2.0, greedy=True)
+    ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
+    for tree in (TREES["static"], TREES["small-dynamic"]):
+        out, _ = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(2), cond_mask=mask)
+        assert torch.equal(out, ar)
+
+
+def test_chain_shaped_tree_is_chain_sd(trained):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0, greedy=True)
+    cond = torch.arange(4)
+    want, want_stats = chain_generate(target, drafter, cond, params, AcceptRule(), 3, gens(4))
+    got, stats = tree_generate(target, drafter, cond, params, AcceptRule(), static_tree("chain", 3), gens(4))
+    assert torch.equal(got, want)
+    assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
+    assert all(s.drafter_forwards == w.drafter_forwards for s, w in zip(stats, want_stats))
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_stats_rows(trained, greedy):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    for tree in TREES.values():
+        tokens, s = tree_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, gens(1)[0])
+        assert tokens.shape == (16,) and s.target_forwards == 1 + len(s.accepted_per_step)
+        assert s.accepted_depth == s.accepted_per_step and s.accepted_total == sum(s.accepted_per_step)
+        assert all(a <= d <= 5 for a, d in zip(s.accepted_depth, s.tree_depth))
+        assert s.tau == 16 / s.target_forwards and s.time_draft_s > 0 and s.time_verify_s > 0
+        row = s.row()
+        assert row["tree_depth"] == " ".join(map(str, s.tree_depth)) and row["accepted_depth"] == row["accepted_per_step"]
+        accepted_mask(torch.tensor(s.accepted_per_step).numpy(), 16)  # consistent with the tables' token layout
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_relaxation_deepens_trees(trained, greedy):
+    target, drafter = trained
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
+    cond = torch.arange(4).repeat(2)
+    tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
+    for tree in (TREES["static"], TREES["dynamic"]):
+        _, exact = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(8))
+        for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lanternpp", lam=20.0, k=15)):
+            tokens, relaxed = tree_generate(target, drafter, cond, params, rule, tree, gens(8), table=table)
+            assert tokens.min() >= 0 and tokens.max() < 16
+            assert tau(relaxed) > tau(exact)
+
+
+def test_relaxed_tree_needs_a_table(trained):
+    target, drafter = trained
+    with pytest.raises(UserError, match="neighbour table"):
+        tree_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
+                    TREES["static"], gens(1)[0])
+    small = tiny_target(vocab_size=4, image_tokens=4)
+    with pytest.raises(UserError, match="beyond the vocabulary"):
+        tree_decode(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
+                    TREES["static"], gens(1)[0])
+
+
+# -- masks and cache compaction against brute force ---------------------------------------------------------------
+def full_next(target, rows, seq):
+    """Brute force: a full uncached forward over seq; the logits predicting the token after it."""
+    logits, _ = target(rows, torch.tensor(seq).expand(rows.shape[0], -1))
+    return logits[:, -1]
+
+
+@torch.no_grad()
+def test_tree_verification_and_compaction_match_full_forward(trained):
+    target, _ = trained
+    tree = TREES["static"]
+    rows = torch.tensor([1, 4])  # cond and the null class: two rows, as under CFG
+    torch.manual_seed(3)
+    prefix = torch.randint(0, 16, (5,)).tolist()
+    T, Q = 1, 1 + len(prefix) - 1  # y = prefix[-1] sits at position Q
+    tokens = torch.randint(0, 16, (tree.n,))
+    paths = [tree.anc[i].nonzero().flatten() for i in range(tree.n)]
+    best = next(i for i in range(tree.n) if tree.paths[i] == (1, 0, 0, 0))
+    seq = prefix + tokens[paths[best]].tolist()
+    # brute force first: uncached full forwards (the model must have no cache for these)
+    want = [full_next(target, rows, prefix + tokens[path].tolist()) for path in [[]] + paths]
+    want_next = full_next(target, rows, seq + [7])
+    target.setup_cache(2, extra=tree.n)
+    prefill(target, rows)
+    for i, t in enumerate(prefix[:-1]):
+        decode_one_token(target, torch.tensor([t, t]), T + i)
+    draft = Draft(tokens, tree.depths, tree.parent, tree.block, tree.children)
+    logits, _ = verify_tree(target, prefix[-1], draft, Q)
+    for i in range(tree.n + 1):
+        torch.testing.assert_close(logits[:, i], want[i], atol=1e-4, rtol=1e-4)
+    # accept a depth-4 path, compact it, continue: the cache is the one sequential decoding builds
+    target.keep(Q + 1 + paths[best], Q + 1)
+    nxt, _ = decode_one_token(target, torch.tensor([7, 7]), Q + 5)
+    torch.testing.assert_close(nxt, want_next, atol=1e-4, rtol=1e-4)
+    kept = [(layer.attention.kv_cache.k.clone(), layer.attention.kv_cache.v.clone()) for layer in target.layers]
+    target.setup_cache(2, extra=tree.n)
+    prefill(target, rows)
+    for i, t in enumerate(seq + [7]):
+        decode_one_token(target, torch.tensor([t, t]), T + i)
+    for (k, v), layer in zip(kept, target.layers):
+        end = Q + 6
+        torch.testing.assert_close(k[:, :, :end], layer.attention.kv_cache.k[:, :, :end], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v[:, :, :end], layer.attention.kv_cache.v[:, :, :end], atol=1e-5, rtol=1e-5)
+    target.clear_cache()
+
+
+@torch.no_grad()
+def test_drafter_tree_passes_match_uncached_drafter(trained):
+    """Each drafted node's drafter distribution equals an uncached drafter pass along its path."""
+    target, drafter = trained
+    tree, params = TREES["static"], SamplingParams(cfg_scale=2.0)
+    rows = torch.tensor([2, 4])
+    prefix = torch.randint(0, 16, (4,), generator=torch.Generator().manual_seed(5))
+    Q, n_done = 1 + 4 - 1, 4
+    x, h, _ = target_states(target, rows, prefix.expand(2, -1))
+    drafter.setup_cache(2, extra=tree.drafter_slots)
+    pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
+    q_root = row_probs(drafter.head(pred), params, n_done)[0]
+    draft = tree.draft(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator().manual_seed(0))
+    drafter.clear_cache()
+    assert draft.drafter_passes == 4
+    for i in [i for i in range(tree.n) if tree.children[i + 1]]:
+        path = tree.anc[i].nonzero().flatten()
+        emb, hid, p = x[:, 1:], h[:, :-1], pred
+        for node in path:  # brute force, one node deeper at a time, feeding the drafter's own predictions
+            emb = torch.cat([emb, drafter.embed_tokens(draft.tokens[node]).expand(2, 1, -1)], 1)
+            hid = torch.cat([hid, p], 1)
+            p = drafter(emb, hid)[:, -1:]
+        want = row_probs(drafter.head(p), params, n_done + len(path))[0]
+        torch.testing.assert_close(draft.q[tree.q_row[i + 1]], want, atol=1e-5, rtol=1e-4)
+    # children are distinct draws without replacement from the parent's drafter distribution
+    for cs in draft.children:
+        toks = draft.tokens[cs].tolist()
+        assert len(set(toks)) == len(toks)
+
+
+# -- sampling: exact trees reproduce the target, relaxed trees stay within delta ------------------------------------
+def exact_joint(target, label, params, V, N):
+    """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))
+    n = len(seqs)
+    cond = torch.cat([torch.full((n,), label), torch.full((n,), target.args.num_classes)])
+    with torch.no_grad():
+        logits, _ = target(cond, torch.cat([seqs, seqs])[:, :-1])
+    probs = torch.stack([logits_to_probs(mix_cfg(logits[:, j], params, j), params) for j in range(N)], 1)
+    return seqs, probs.gather(2, seqs[:, :, None])[:, :, 0].double().prod(1)
+
+
+def chi2_pvalue(counts, expected_p, n):
+    big, small = expected_p * n >= 5, (expected_p > 0) & (expected_p * n < 5)  # small cells pooled into one
+    expected, observed = expected_p[big] * n, counts[big]
+    if small.any():
+        expected = torch.cat([expected, (expected_p[small] * n).sum().view(1)])
+        observed = torch.cat([observed, counts[small].sum().view(1)])
+    stat = ((observed - expected) ** 2 / expected).sum()
+    return torch.special.gammaincc(torch.tensor((len(expected) - 1) / 2, dtype=torch.float64), stat / 2).item()
+
+
+@pytest.mark.parametrize("kind, n", [
+    ("static", 700),
+    ("dynamic", 700),
+    pytest.param("static", 3000, marks=pytest.mark.slow),
+])
+def test_exact_tree_sampling_reproduces_the_target_distribution(kind, n):
+    V, N = 3, 4
+    target = tiny_target(scale=4.0, vocab_size=V, image_tokens=N, num_classes=2, n_layer=1)
+    drafter = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)  # a poor drafter: plenty of rejections too
+    params = SamplingParams(cfg_scale=2.0, top_k=2)
+    # the static shape offers a third root child, past the drafter's top-2 support: never a candidate
+    tree = StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) if kind == "static" else \
+        DynamicTree(total_tokens=6, depth=2, top_k=2)
+    seqs, joint = exact_joint(target, 1, params, V, N)
+    index = {tuple(s): i for i, s in enumerate(seqs.tolist())}
+    counts = torch.zeros(len(seqs), dtype=torch.float64)
+    accepted = rejected = 0
+    for i in range(n):
+        tokens, s = tree_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, image_generator(11, i))
+        counts[index[tuple(tokens.tolist())]] += 1
+        accepted += s.accepted_total
+        rejected += sum(a < d for a, d in zip(s.accepted_depth, s.tree_depth))
+    assert accepted > n / 6 and rejected > n / 6  # both paths ran often
+    assert counts[joint == 0].sum() == 0  # nothing outside the top-k support
+    assert chi2_pvalue(counts, joint, n) > 1e-3
+
+
+def emitted_siblings(p, cands, table, rule):
+    """Exact distribution of the token emitted at a node whose deterministic children `cands` are tried in order."""
+    E, mass, budget = torch.zeros_like(p), 1.0, sibling_budget(None, rule)
+    for x in cands:
+        a, c, m = accept_probability(p, None, torch.tensor(x), table, rule, budget)
+        E[x] += mass * a
+        mass = mass * (1 - a)
+        p, _, budget = after_rejection(p, None, x, c.item(), int(m), table, rule, budget)
+    return E + mass * p
+
+
+@torch.no_grad()
+def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
+    """Token 1 is the first tree-verified token: its law given token 0 must be the bounded LANTERN emission from
+    the root's top-2 candidates (chi-square on (t0, t1)), and that law is within delta of the target's."""
+    V, N, n, delta = 4, 4, 1200, 0.25
+    target = tiny_target(scale=3.0, vocab_size=V, image_tokens=N, num_classes=2, n_layer=1, seed=1)
+    drafter = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
+    params = SamplingParams(cfg_scale=2.0)
+    table = torch.tensor([[1, 2, 3], [0, 2, 3], [3, 1, 0], [2, 0, 1]])
+    rule = AcceptRule("lantern", delta=delta, k=2)
+    tree = DynamicTree(total_tokens=7, depth=1, top_k=2)  # keeps all 2 + 4 offered nodes
+    rows = torch.tensor([1, 2])
+    logits0, _ = target(rows, torch.zeros(2, 0, dtype=torch.long))
+    p0 = row_probs(logits0[:, :1], params, 0)[0]
+    expected, tvs = torch.zeros(V, V, dtype=torch.float64), []
+    for t0 in range(V):
+        x, h, logits = target_states(target, rows, torch.tensor([[t0], [t0]]))
+        p1 = row_probs(logits[:, 1:], params, 1)[0].double()
+        q1 = row_probs(drafter.head(drafter(x[:, 1:], h[:, :-1])), params, 1)[0]
+        E = emitted_siblings(p1, q1.topk(2).indices.tolist(), table, rule)
+        tvs.append(0.5 * (E - p1).abs().sum().item())
+        expected[t0] = p0[t0].double() * E
+    assert max(tvs) <= delta + 1e-9 and max(tvs) > 0.1  # bounded, and the relaxation really moved mass
+    counts = torch.zeros(V, V, dtype=torch.float64)
+    for i in range(n):
+        tokens, _ = tree_decode(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
+        counts[tokens[0], tokens[1]] += 1
+    assert counts[expected == 0].sum() == 0  # e.g. the aggregated neighbours of a rejected draft
+    assert chi2_pvalue(counts.flatten(), expected.flatten(), n) > 1e-3
+
+
+# -- routing from a sweep method ----------------------------------------------------------------------------------
+def test_make_decoder_routes_trees(tmp_path, trained):
+    from lantern.drafter import save_drafter
+    from lantern.neighbours import NeighbourParams, build_table
+    from lantern.speculative import make_decoder
+
+    target, drafter = trained
+    save_drafter(tmp_path / "d.pt", drafter)
+    codebook = torch.randn(16, 4)
+    torch.save({"model": {"quantize.embedding.weight": codebook}}, tmp_path / "vq.pt")
+    torch.save(build_table(codebook, NeighbourParams(k=15)), tmp_path / "nb.pt")
+    paths = dict(drafter_path=str(tmp_path / "d.pt"), neighbours_path=str(tmp_path / "nb.pt"),
+                 vq_path=str(tmp_path / "vq.pt"), dtype="fp32", device=torch.device("cpu"))
+    params = SamplingParams(cfg_scale=2.0)
+    for method in ({"name": "lanternpp", "drafting": "static", "lam": 5.0, "k": 10},
+                   {"name": "lantern", "drafting": "dynamic", "delta": 0.1, "k": 10, "top_k": 4},
+                   {"name": "exact", "drafting": "static", "tree": "chain", "gamma": 3}):
+        tokens, stats = make_decoder(method, params, target, **paths)(2, image_generator(0, 0))
+        assert tokens.shape == (16,) and len(stats.tree_depth) == len(stats.accepted_per_step) > 0
+    with pytest.raises(UserError, match="skips rank"):
+        make_decoder({"name": "exact", "drafting": "static", "tree": [[1]]}, params, target, **paths)
+    with pytest.raises(UserError, match="unknown"):
+        make_decoder({"name": "exact", "drafting": "zigzag"}, params, target, **paths)
+
+
+@torch.no_grad()
+def test_dynamic_tree_is_eagle2_selection(trained):
+    """Brute force EAGLE-2 with uncached drafter passes along each path: the same kept nodes (as token paths)."""
+    target, drafter = trained
+    tree, params = DynamicTree(total_tokens=12, depth=3, top_k=3), SamplingParams(cfg_scale=2.0, greedy=True)
+    rows = torch.tensor([3, 4])
+    prefix = torch.randint(0, 16, (5,), generator=torch.Generator().manual_seed(2))
+    Q, n_done = 5, 5
+    x, h, _ = target_states(target, rows, prefix.expand(2, -1))
+    drafter.setup_cache(2, extra=tree.drafter_slots)
+    pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
+    q_root = row_probs(drafter.head(pred), params, n_done)[0]
+    draft = tree.draft(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator())
+    drafter.clear_cache()
+
+    def logq(path):  # the drafter's log-distribution after the token path, by uncached passes
+        emb, hid, p = x[:, 1:], h[:, :-1], pred
+        for tok in path:
+            emb = torch.cat([emb, drafter.embed_tokens(torch.tensor([tok])).expand(2, 1, -1)], 1)
+            hid = torch.cat([hid, p], 1)
+            p = drafter(emb, hid)[:, -1:]
+        return row_probs(drafter.head(p), params, n_done + len(path))[0].log()
+
+    offered, frontier = {}, [((), 0.0)]
+    for _ in range(tree.depth + 1):
+        level = []
+        for path, score in frontier:
+            s, t = logq(path).topk(tree.top_k)
+            level += [(path + (tok,), score + v) for v, tok in zip(s.tolist(), t.tolist())]
+        offered.update(level)
+        frontier = sorted(level, key=lambda c: -c[1])[: tree.top_k]
+    want = set(sorted(offered, key=lambda p: -offered[p])[: tree.total_tokens - 1])
+    toks = draft.tokens.tolist()
+    got = set()
+    for i in range(len(toks)):
+        path, j = [], i
+        while j >= 0:
+            path.append(toks[j])
+            j = int(draft.parent[j])
+        got.add(tuple(reversed(path)))
+    assert got == want and draft.drafter_passes == tree.depth
+    assert draft.max_depth == max(len(p) for p in want)

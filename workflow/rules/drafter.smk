@@ -1,0 +1,36 @@
+# Latent-proximity neighbour tables from the VQ codebook, and the EAGLE drafter of the target.
+
+
+rule neighbours:
+    input:
+        vq=vq_ckpt(),
+    output:
+        f"{OUT}/neighbours/{{metric}}_K{{max_k}}.pt",
+    log:
+        f"{OUT}/logs/neighbours/{{metric}}_K{{max_k}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/neighbours/{{metric}}_K{{max_k}}.tsv"
+    params:
+        p=lambda w: as_arg({"metric": w.metric, "k": int(w.max_k)}),
+    shell:
+        "{LANTERN} neighbours --vq {input.vq} --out {output} --params {params.p} > {log} 2>&1"
+
+
+if TRAIN_TOY:
+
+    rule train_drafter:
+        input:
+            target=toy_model("default", "target"),
+            tokens=f"{OUT}/toy/default/data/train_tokens.pt",
+        output:
+            f"{OUT}/toy/default/models/drafter.pt",
+        log:
+            f"{OUT}/logs/train_drafter/default.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_drafter/default.tsv"
+        threads: 2
+        params:
+            p=lambda w, threads: as_arg({**config["toy"]["drafter"], "threads": threads_arg(threads)}),
+        shell:
+            "{GPU_RUN} {LANTERN} train-drafter --target {input.target} --tokens {input.tokens} --out {output}"
+            " --device {config[device]} --params {params.p} > {log} 2>&1"

@@ -1,0 +1,64 @@
+# Quality metrics per sweep point: FID / KID / precision-recall (torch-fidelity) and CLIP score (open_clip).
+
+
+def clip_ckpt():
+    return toy_model("default", "clip") if config["metrics"]["clip_model"] == "toy" else config["metrics"]["clip_ckpt"]
+
+
+def evaluate_params():
+    m = config["metrics"]
+    toy_clip = m["clip_model"] == "toy"
+    if m["fid_extractor"] == "clip":
+        fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_ckpt()}
+    else:
+        fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
+    fidelity["cache_dir"] = f"{OUT}/metrics/reference_cache"
+    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_ckpt(), "prompt_prefix": m["prompt_prefix"]}
+    return {"fidelity": fidelity, "clip": clip}
+
+
+def reference_images():
+    return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"].get("reference", "")
+
+
+if TRAIN_TOY:
+
+    rule train_clip:
+        input:
+            data=f"{OUT}/toy/default/data/train.pt",
+            vq=toy_model("default", "vq"),
+        output:
+            weights=f"{OUT}/toy/default/models/clip.pt",
+            config=f"{OUT}/toy/default/models/clip.json",
+            metrics=f"{OUT}/toy/default/models/clip.metrics.json",
+        log:
+            f"{OUT}/logs/train_clip/default.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_clip/default.tsv"
+        threads: 2
+        params:
+            p=lambda w, threads: as_arg({**config["toy"]["clip"], "threads": threads_arg(threads)}),
+        shell:
+            "{LANTERN} train-clip --data {input.data} --vq {input.vq} --out {output.weights} --params {params.p}"
+            " > {log} 2>&1"
+
+
+rule evaluate:
+    input:
+        shards=lambda w: expand(f"{OUT}/gen/{w.mode}/{w.point}/shard{{j}}", j=SHARDS),
+        reference=reference_images(),
+        clip=clip_ckpt(),
+    output:
+        f"{OUT}/metrics/{{mode}}/{{point}}.json",
+    log:
+        f"{OUT}/logs/evaluate/{{mode}}/{{point}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/evaluate/{{mode}}/{{point}}.tsv"
+    threads: 1
+    params:
+        images=lambda w, input: " ".join(f"{s}/images" for s in input.shards),
+        captions=lambda w, input: " ".join(f"{s}/stats.csv" for s in input.shards),
+        p=as_arg(evaluate_params()),
+    shell:
+        "{GPU_RUN} {LANTERN} evaluate --images {params.images} --reference {input.reference}"
+        " --captions {params.captions} --out {output} --params {params.p} --threads {threads} > {log} 2>&1"

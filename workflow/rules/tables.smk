@@ -1,0 +1,20 @@
+# Tidy tables: one row per (mode, sweep point) with speed, quality and protocol columns, plus the paper's table.
+
+TABLES = ["sweep.csv", "positions.csv", "depths.csv", "summary.md"]
+
+
+rule tables:
+    input:
+        shards=expand(f"{OUT}/gen/{{mode}}/{{point}}/shard{{j}}", mode=MODES, point=sorted(POINTS), j=SHARDS),
+        metrics=expand(f"{OUT}/metrics/{{mode}}/{{point}}.json", mode=MODES, point=sorted(POINTS)),
+    output:
+        sweep=report(f"{OUT}/tables/sweep.csv", category="Tables", caption="../report/sweep.rst"),
+        positions=f"{OUT}/tables/positions.csv",
+        depths=f"{OUT}/tables/depths.csv",
+        summary=report(f"{OUT}/tables/summary.md", category="Tables", caption="../report/summary.rst"),
+    log:
+        f"{OUT}/logs/tables.log",
+    params:
+        folder=f"{OUT}/tables",
+    shell:
+        "{LANTERN} tables --shards {input.shards} --metrics {input.metrics} --out {params.folder} > {log} 2>&1"

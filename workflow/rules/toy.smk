@@ -1,0 +1,88 @@
+# The toy world: procedural images -> VQ tokenizer -> GPT target (and, in drafter.smk / metrics.smk, its drafter
+# and CLIP). With toy.checkpoints = shipped the models come from models/toy/ (made by these rules, see its
+# MANIFEST.json); with train they are trained here.
+
+
+rule toy_data:
+    output:
+        f"{OUT}/toy/{{world}}/data/{{split}}.pt",
+    log:
+        f"{OUT}/logs/toy_data/{{world}}_{{split}}.log",
+    params:
+        n=lambda w: config["toy"]["data"]["n_train" if w.split == "train" else "n_val"],
+        start=lambda w: 0 if w.split == "train" else config["toy"]["data"]["n_train"],
+        data=lambda w: as_arg(data_params(w.world)),
+    shell:
+        "{LANTERN} make-data --out {output} --n {params.n} --start {params.start} --seed {config[seed]}"
+        " --params {params.data} > {log} 2>&1"
+
+
+rule tokenize:
+    input:
+        data=f"{OUT}/toy/{{world}}/data/{{split}}.pt",
+        vq=lambda w: toy_model(w.world, "vq"),
+    output:
+        f"{OUT}/toy/{{world}}/data/{{split}}_tokens.pt",
+    log:
+        f"{OUT}/logs/tokenize/{{world}}_{{split}}.log",
+    threads: 2
+    shell:
+        "{LANTERN} tokenize --data {input.data} --vq {input.vq} --out {output} > {log} 2>&1"
+
+
+rule ambiguity:
+    input:
+        target=lambda w: toy_model(w.world, "target"),
+        vq=lambda w: toy_model(w.world, "vq"),
+        heldout=f"{OUT}/toy/{{world}}/data/val_tokens.pt",
+    output:
+        table=f"{OUT}/toy/{{world}}/ambiguity.csv",
+        steps=f"{OUT}/toy/{{world}}/ambiguity_steps.csv",
+        grid=report(f"{OUT}/toy/{{world}}/samples.png", category="Toy world", caption="../report/toy_samples.rst"),
+    log:
+        f"{OUT}/logs/ambiguity/{{world}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/ambiguity/{{world}}.tsv"
+    threads: 2
+    params:
+        p=as_arg(config["toy"].get("ambiguity", {})),
+    shell:
+        "{LANTERN} ambiguity --target {input.target} --vq {input.vq} --heldout {input.heldout} --out {output.table}"
+        " --steps-out {output.steps} --grid {output.grid} --params {params.p} --threads {threads} > {log} 2>&1"
+
+
+if TRAIN_TOY:
+
+    rule train_vq:
+        input:
+            data=f"{OUT}/toy/{{world}}/data/train.pt",
+            val=f"{OUT}/toy/{{world}}/data/val.pt",
+        output:
+            f"{OUT}/toy/{{world}}/models/vq.pt",
+        log:
+            f"{OUT}/logs/train_vq/{{world}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_vq/{{world}}.tsv"
+        threads: 1
+        params:
+            p=as_arg(config["toy"]["vq"]),
+        shell:
+            "{LANTERN} train-vq --data {input.data} --val {input.val} --out {output} --params {params.p}"
+            " --threads {threads} > {log} 2>&1"
+
+    rule train_gpt:
+        input:
+            tokens=f"{OUT}/toy/{{world}}/data/train_tokens.pt",
+            val=f"{OUT}/toy/{{world}}/data/val_tokens.pt",
+        output:
+            f"{OUT}/toy/{{world}}/models/target.pt",
+        log:
+            f"{OUT}/logs/train_gpt/{{world}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/train_gpt/{{world}}.tsv"
+        threads: 1
+        params:
+            p=as_arg(config["toy"]["target"]),
+        shell:
+            "{LANTERN} train-gpt --tokens {input.tokens} --val {input.val} --out {output} --params {params.p}"
+            " --threads {threads} > {log} 2>&1"
