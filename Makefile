@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CORES ?= all
 CONFIG ?= config/config.yaml
 
-.PHONY: setup run test smoke lint report dag clean-results
+.PHONY: setup run test smoke lint dag ship-toy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,8 @@ lint: setup
 
 dag: setup
 	$(BIN)/snakemake --configfile $(CONFIG) --dag mermaid-js > results/dag.mmd
+
+# Retrain the toy world with the rules and ship its checkpoints into models/toy/ (with MANIFEST.json).
+ship-toy: setup
+	$(BIN)/snakemake --cores $(CORES) --config toy='{"checkpoints": "train"}' outdir=results/train --until train_drafter train_clip ambiguity
+	$(BIN)/python workflow/scripts/ship_toy.py results/train models/toy

@@ -32,7 +32,9 @@ WORKFLOWS = {
     "smoke": ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(REPO / "config" / "smoke.yaml")],
     "mini": ["--snakefile", str(MINI)],
 }
-WORKFLOW = "smoke" if SMOKE else "mini"
+# The full smoke DAG (56 jobs, ~15 s of SLURM overhead each) is opt-in until its run time fits CI; the stand-in
+# workflow has the pipeline's rule names, resources and DAG shape. LANTERN_SLURM_SMOKE=1 selects the real DAG.
+WORKFLOW = "smoke" if SMOKE and os.environ.get("LANTERN_SLURM_SMOKE") == "1" else "mini"
 GPU_RULES = ("generate", "train_drafter", "evaluate")
 LOCAL_RULES = ("tables", "figures")
 # Workflow outputs that hold wall-clock measurements: both runs must produce them, but they cannot be equal.
