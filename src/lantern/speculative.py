@@ -150,6 +150,19 @@ def speculative_decode(
     return torch.tensor(tokens, device=device), stats
 
 
+def decode_each(decode_image, cond: Tensor, generators: list[torch.Generator], cond_mask: Tensor | None = None):
+    """Run a batch-1 decoder (cond, generator, cond_mask) -> (tokens, stats) over a batch, image by image."""
+    if len(generators) != cond.shape[0]:
+        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {cond.shape[0]}")
+    out, stats = [], []
+    for i, g in enumerate(generators):
+        m = None if cond_mask is None else cond_mask[i : i + 1]
+        tokens, s = decode_image(cond[i : i + 1], g, m)
+        out.append(tokens)
+        stats.append(s)
+    return torch.stack(out), stats
+
+
 def generate(
     target: GPT,
     drafter: Drafter,
@@ -162,15 +175,9 @@ def generate(
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, list[ImageStats]]:
     """Speculative decoding of a batch, one image at a time; same contract as generate.generate."""
-    if len(generators) != cond.shape[0]:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {cond.shape[0]}")
-    out, stats = [], []
-    for i, g in enumerate(generators):
-        m = None if cond_mask is None else cond_mask[i : i + 1]
-        tokens, s = speculative_decode(target, drafter, cond[i : i + 1], params, rule, gamma, g, table, m)
-        out.append(tokens)
-        stats.append(s)
-    return torch.stack(out), stats
+    return decode_each(
+        lambda c, g, m: speculative_decode(target, drafter, c, params, rule, gamma, g, table, m), cond, generators, cond_mask
+    )
 
 
 def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path: str | None,

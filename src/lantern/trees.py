@@ -505,12 +505,8 @@ def generate(
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, list[TreeStats]]:
     """Tree speculative decoding of a batch, one image at a time; same contract as generate.generate."""
-    if len(generators) != cond.shape[0]:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {cond.shape[0]}")
-    out, stats = [], []
-    for i, g in enumerate(generators):
-        m = None if cond_mask is None else cond_mask[i : i + 1]
-        tokens, s = tree_decode(target, drafter, cond[i : i + 1], params, rule, tree, g, table, m)
-        out.append(tokens)
-        stats.append(s)
-    return torch.stack(out), stats
+    from .speculative import decode_each
+
+    return decode_each(
+        lambda c, g, m: tree_decode(target, drafter, c, params, rule, tree, g, table, m), cond, generators, cond_mask
+    )
