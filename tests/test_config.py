@@ -30,6 +30,7 @@ def lantern_method(**kw):
      r"llamagen\.gpt_ckpt = /nope/c2i_B_256\.pt does not exist"),
     ({"metrics": {"fid_extractor": "inception-v3-compat"}}, r"metrics\.inception_weights is empty"),
     ({"device": "gpu"}, r"device"),
+    ({"metrics": {"clip_model": "ViT-B-32", "clip_ckpt": "/x"}}, r"fid_extractor = clip uses the toy CLIP"),
 ])
 def test_bad_config_names_the_key(cfg, message):
     with pytest.raises(UserError, match=message) as err:

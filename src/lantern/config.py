@@ -98,6 +98,9 @@ def _check_methods(cfg: dict) -> None:
 
 
 def _check_paths(cfg: dict) -> None:
+    if cfg["metrics"]["fid_extractor"] == "clip" and cfg["metrics"]["clip_model"] != "toy":
+        raise UserError("config: metrics.fid_extractor = clip uses the toy CLIP's image tower; with a published CLIP "
+                        "set metrics.fid_extractor: inception-v3-compat and metrics.inception_weights")
     required = []
     if cfg["world"] == "llamagen":
         required += [("llamagen.gpt_ckpt", cfg["llamagen"]["gpt_ckpt"]), ("llamagen.vq_ckpt", cfg["llamagen"]["vq_ckpt"])]
