@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
-from .io import atomic_path
+from .io import save_torch
 
 CONTAINERS = ("model", "module", "state_dict")
 # Present in some upstream files, never part of our modules.
@@ -102,8 +102,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, container: str = 
         obj = {container: sd, **extra}
     else:
         raise ValueError(f"unknown container {container!r}")
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    save_torch(obj, path)
 
 
 def load_gpt(path: str | os.PathLike, args=None, dtype: str = "fp32", device: str = "cpu"):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import UserError
-from .io import atomic_path, read_structured
+from .io import read_structured, save_torch
 
 CLASS_NAMES = (
     "circle", "ellipse", "triangle", "square", "pentagon", "hexagon", "star", "cross",
@@ -240,6 +240,5 @@ def main(argv: list[str]) -> None:
     data = make_dataset(args.n, args.seed, params, start=args.start)
     data.update(seed=args.seed, start=args.start, params=dataclasses.asdict(params),
                 class_names=list(CLASS_NAMES[: params.num_classes]))
-    with atomic_path(args.out) as tmp:
-        torch.save(data, tmp)
+    save_torch(data, args.out)
     print(f"wrote {args.n} images ({params.image_size}px, {params.num_classes} classes) to {args.out}")

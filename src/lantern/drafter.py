@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .errors import UserError
-from .io import atomic_path, read_structured
+from .io import read_structured, save_torch
 from .model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
 FORMAT = "lantern-drafter-v1"
@@ -284,8 +284,7 @@ def save_drafter(path: str | Path, drafter: Drafter, params: DrafterParams | Non
         "format": FORMAT, "drafter": drafter.trained_state(), "target_args": drafter.args.to_dict(),
         "params": dataclasses.asdict(params) if params else {}, **extra,
     }
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    save_torch(obj, path)
 
 
 def load_drafter(path: str | Path, target: GPT) -> Drafter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -13,6 +14,10 @@ from typing import Any, Iterator
 import yaml
 
 from .errors import UserError
+
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
@@ -25,9 +30,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files private; results are ordinary files
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def save_torch(obj: Any, path: str | os.PathLike) -> None:
+    """torch.save, atomically and byte-reproducibly: torch names the archive's root folder after the file it
+    writes, so saving straight to a temporary name would make two saves of the same object differ."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buf.getvalue())
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import UserError
-from .io import atomic_path, read_structured
+from .io import read_structured, save_torch
 
 CODEBOOK_KEY = "quantize.embedding.weight"
 FORMAT = "lantern-neighbours-v1"
@@ -155,8 +155,7 @@ def main(argv: list[str]) -> None:
     before_mb, t0 = rss_mb(), time.perf_counter()
     obj = build_table(codebook, params, source=str(a.vq))
     seconds = time.perf_counter() - t0
-    with atomic_path(a.out) as tmp:
-        torch.save(obj, tmp)
+    save_torch(obj, a.out)
     # torch alone takes several hundred MB of RSS here; the build's own share is the rise above that
     print(json.dumps({**obj["meta"], "seconds": round(seconds, 2), "peak_rss_mb": round(rss_mb()),
                       "rss_before_build_mb": round(before_mb), "out": a.out}))

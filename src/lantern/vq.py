@@ -305,7 +305,7 @@ def main(argv: list[str]) -> None:
     from tqdm import tqdm
 
     from .data import load_data, to_unit
-    from .io import atomic_path
+    from .io import save_torch
 
     ap = argparse.ArgumentParser(prog="lantern tokenize", description="encode a dataset into VQ code indices")
     ap.add_argument("--data", required=True, help="`lantern make-data` file")
@@ -324,6 +324,5 @@ def main(argv: list[str]) -> None:
     tokens = torch.cat(chunks)
     out = {"tokens": tokens, "labels": data["labels"], "captions": data["captions"],
            "codebook_size": vq.args.codebook_size, "vq": str(a.vq), "data": str(a.data)}
-    with atomic_path(a.out) as tmp:
-        torch.save(out, tmp)
+    save_torch(out, a.out)
     print(f"tokenized {len(tokens)} images into {tokens.shape[1]} tokens each -> {a.out}")

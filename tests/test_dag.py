@@ -1,0 +1,135 @@
+"""The experiment DAG end to end at smoke size (config/smoke.yaml): every table, figure and the report come out;
+a finished run is up to date; a deleted figure reruns only its rule; a killed generation job resumes to
+byte-identical images; the shard count never changes an image."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SMOKE_OUT, result_hashes, run_logged, smoke_cmd, snakemake_env, tail
+
+pytestmark = pytest.mark.slow
+
+JOB_STATS = re.compile(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", re.S)
+POINTS = ["vanilla", "vanilla-control", "exact-chain-g3", "lantern-chain-g3-d0.2-k2", "lantern-chain-g3-d0.2-k10",
+          "lanternpp-static-naive_extend_57-l5-k10"]
+FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "acceptance_map", "samples_sampling", "ambiguity"]
+
+
+def jobs_run(log: Path) -> dict[str, int]:
+    """Rule -> number of jobs, from the job stats Snakemake prints before running (empty when none ran)."""
+    m = JOB_STATS.search(log.read_text())
+    if not m:
+        return {}
+    counts = dict(line.split() for line in m[1].strip().splitlines())
+    return {rule: int(n) for rule, n in counts.items() if rule != "all"}
+
+
+def copy_workdir(src: Path, dst: Path) -> Path:
+    # copy2 keeps modification times, and .snakemake's metadata comes along: the copy is as up to date as src.
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("locks"))
+    return dst
+
+
+def images(folder: Path) -> dict[str, str]:
+    return {Path(k).name: v for k, v in result_hashes(folder, ("shard*/images/*.png",)).items()}
+
+
+def test_smoke_dag_makes_every_table_and_figure(smoke_run, tmp_path):
+    out = smoke_run.out
+    for name in ["sweep.csv", "positions.csv", "depths.csv", "summary.md"]:
+        assert (out / "tables" / name).stat().st_size > 0, name
+    for name in FIGURES:
+        assert (out / "figures" / f"{name}.png").stat().st_size > 10_000, name
+    sweep = (out / "tables" / "sweep.csv").read_text()
+    assert all(p in sweep for p in POINTS), "a sweep point is missing from the table"
+    for point in POINTS:
+        assert len(list((out / "gen" / "sampling" / point).glob("shard*/images/*.png"))) == 4, point
+    # Every generation job's output appeared whole: no half-written shard folders are left anywhere.
+    assert not list(out.glob("gen/**/*.partial"))
+
+    report = tmp_path / "report.html"
+    log = tmp_path / "report.log"
+    r = run_logged(smoke_cmd(smoke_run.workdir, "--report", str(report)), log, timeout=300)
+    assert r.returncode == 0, tail(log)
+    assert report.stat().st_size > 100_000
+
+
+def test_second_run_does_nothing(smoke_run, tmp_path):
+    log = tmp_path / "again.log"
+    r = run_logged(smoke_cmd(smoke_run.workdir, "--cores", "2"), log)
+    assert r.returncode == 0, tail(log)
+    assert jobs_run(log) == {} and "Nothing to be done" in log.read_text(), tail(log)
+
+
+def test_deleting_a_figure_reruns_only_its_rule(smoke_run, tmp_path):
+    figure = smoke_run.out / "figures" / "tau_vs_delta.png"
+    before = figure.read_bytes()
+    figure.unlink()
+    log = tmp_path / "rerun.log"
+    r = run_logged(smoke_cmd(smoke_run.workdir, "--cores", "2"), log)
+    assert r.returncode == 0, tail(log)
+    assert jobs_run(log) == {"figure": 1}, tail(log)
+    assert "figures/tau_vs_delta.png" in log.read_text()
+    # The figure is a function of the tables alone: redrawn, it is the same file.
+    assert figure.read_bytes() == before
+
+
+def test_killed_generation_job_resumes_to_identical_images(smoke_run, tmp_path):
+    wd = copy_workdir(smoke_run.workdir, tmp_path / "wd")
+    point = "lantern-chain-g3-d0.2-k10"
+    shard = wd / SMOKE_OUT / "gen" / "sampling" / point / "shard0"
+    partial = Path(f"{shard}.partial")
+    # 40 images per point, so shard 0 (images 0-19) runs long enough to be killed in the middle.
+    config = {"sweep": {"n_images": 40}}
+    cmd = smoke_cmd(wd, "--cores", "1", "--force", targets=(str(shard.relative_to(wd)),), overlay=config)
+    with open(tmp_path / "killed.log", "w") as log:
+        job = subprocess.Popen(cmd, cwd=REPO, env=snakemake_env(), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(partial.glob("images/*.png"))) < 3:
+            assert job.poll() is None, f"the job ended before it could be killed:\n{tail(tmp_path / 'killed.log')}"
+            assert time.monotonic() < deadline, "no images after 300 s"
+            time.sleep(0.02)
+        os.killpg(job.pid, signal.SIGKILL)  # Snakemake and the job with it, as a node failure would
+    finally:
+        job.wait()
+    kept = len(list(partial.glob("rows/*.json")))
+    assert 3 <= kept < 20 and not shard.exists(), "a killed job must leave nothing that looks finished"
+
+    log = tmp_path / "resumed.log"
+    assert run_logged(smoke_cmd(wd, "--unlock", targets=(str(shard.relative_to(wd)),), overlay=config),
+                      log).returncode == 0
+    r = run_logged(smoke_cmd(wd, "--cores", "1", targets=(str(shard.relative_to(wd)),), overlay=config), log)
+    assert r.returncode == 0, tail(log)
+    job_log = (wd / SMOKE_OUT / "logs" / "generate" / "sampling" / point / "shard0.log").read_text()
+    assert "finished images kept" in job_log and not partial.exists()
+    resumed = images(shard.parent)
+    assert len(resumed) == 20
+
+    r = run_logged(smoke_cmd(wd, "--cores", "1", "--force", targets=(str(shard.relative_to(wd)),),
+                             overlay=config), log)
+    assert r.returncode == 0, tail(log)
+    assert images(shard.parent) == resumed, "resumed images differ from an uninterrupted run's"
+    # Images 0 and 1 are also those of the 4-image smoke run: an image never depends on how many were asked for.
+    original = images(smoke_run.out / "gen" / "sampling" / point)
+    assert original == {k: resumed[k] for k in original}
+
+
+def test_shard_count_does_not_change_images(smoke_run, tmp_path):
+    wd = copy_workdir(smoke_run.workdir, tmp_path / "wd")
+    shutil.rmtree(wd / SMOKE_OUT / "gen")
+    targets = tuple(f"{SMOKE_OUT}/gen/sampling/{p}/shard{j}" for p in POINTS for j in range(3))
+    log = tmp_path / "shards3.log"
+    r = run_logged(smoke_cmd(wd, "--cores", "2", targets=targets, overlay={"sweep": {"shards": 3}}), log)
+    assert r.returncode == 0, tail(log)
+    assert jobs_run(log) == {"generate": 3 * len(POINTS)}
+    for point in POINTS:
+        three = images(wd / SMOKE_OUT / "gen" / "sampling" / point)
+        two = images(smoke_run.out / "gen" / "sampling" / point)
+        assert len(three) == 4 and three == two, point
