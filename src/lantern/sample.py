@@ -79,6 +79,28 @@ class Decoder:
         return tokens[0], stats[0]
 
 
+def job_identity(a) -> dict:
+    """Everything that decides image i, except the shard range: rows kept in a .partial folder are reused only
+    by a rerun that would draw the very same images (a changed shard count may reuse them; a changed method not)."""
+    files = {k: (str(Path(v).resolve()), Path(v).stat().st_mtime_ns) if v else None
+             for k, v in (("target", a.target), ("vq", a.vq), ("drafter", a.drafter), ("neighbours", a.neighbours))}
+    return {"method": read_structured(a.method), "sampling": read_structured(a.sampling), "mode": a.mode,
+            "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files}
+
+
+def resume_or_restart(partial: Path, identity: dict) -> None:
+    marker = partial / "job.json"
+    if partial.exists():
+        same = marker.is_file() and json.loads(marker.read_text()) == json.loads(json.dumps(identity))
+        kept = len(list((partial / "rows").glob("*.json"))) if same else 0
+        print(f"resuming {partial}: {kept} finished images kept" if same else
+              f"discarding {partial}: it was made by a different job")
+        if not same:
+            shutil.rmtree(partial)
+    partial.mkdir(parents=True, exist_ok=True)
+    write_json(marker, identity)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="lantern sample", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint")
@@ -127,6 +149,7 @@ def main(argv: list[str]) -> None:
     label_of = (lambda i: i % num_classes) if a.labels == "cycle" else (lambda i, c=int(a.labels): c)
 
     out, partial = Path(a.out), Path(f"{a.out}.partial")
+    resume_or_restart(partial, job_identity(a))
     (partial / "images").mkdir(parents=True, exist_ok=True)
     (partial / "rows").mkdir(exist_ok=True)
     if not a.no_warmup:  # first calls pay for allocation and kernel selection; keep that out of every latency
@@ -154,6 +177,7 @@ def main(argv: list[str]) -> None:
         "environment": environment(device),
     })
     shutil.rmtree(partial / "rows")
+    (partial / "job.json").unlink()
     if out.exists():
         shutil.rmtree(out)
     os.replace(partial, out)
