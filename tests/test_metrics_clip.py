@@ -14,7 +14,8 @@ from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
 from lantern.metrics.images import ImageSet
 
 # a smaller tower than the default, and a short run: the test needs "well above chance", not the real model
-FAST = dict(patch_size=8, vision_layers=2, text_layers=1, steps=60, batch_size=64, n_val=200, lr=2e-3)
+FAST = dict(image_tower="vit", patch_size=8, vision_width=64, vision_layers=2, text_layers=1, steps=60, batch_size=64,
+            n_val=200, lr=2e-3)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,12 @@ def test_train_clip_cli_with_vq_reconstructions(tmp_path, capsys):
     save_checkpoint(tmp_path / "vq.pt", VQModel(args), args=dataclasses.asdict(args))
     data = make_dataset(300, seed=1)
     torch.save(data, tmp_path / "data.pt")
-    params = dict(FAST, steps=3, n_val=100)
+    params = dict(steps=3, batch_size=64, n_val=100)  # the default (ResNet) tower
     train_clip.main(["--data", str(tmp_path / "data.pt"), "--vq", str(tmp_path / "vq.pt"),
                      "--out", str(tmp_path / "c.pt"), "--params", json.dumps(params)])
     metrics = json.loads((tmp_path / "c.metrics.json").read_text())
     assert metrics["vq"] and metrics["val_top1_recon"] is not None and metrics["n_train"] == 200
     assert (tmp_path / "c.json").is_file() and (tmp_path / "c.pt").is_file()
     with pytest.raises(UserError, match="unknown key bogus"):
-        train_clip.main(["--data", str(tmp_path / "data.pt"), "--out", str(tmp_path / "d.pt"), "--params", "{bogus: 1}"])
+        train_clip.main(["--data", str(tmp_path / "data.pt"), "--out", str(tmp_path / "d.pt"),
+                         "--params", "{bogus: 1}"])

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..data import load_data, to_unit
 from ..errors import UserError
-from ..io import atomic_path, read_structured, write_json
+from ..io import atomic_path, read_structured, save_torch, write_json
 from .clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
 from .params import params_from
 
@@ -33,22 +33,24 @@ from .params import params_from
 @dataclass
 class TrainClipParams:
     # architecture: open_clip CLIP, ViT image tower, transformer text tower (BPE vocabulary of open_clip)
+    # (a ResNet tower learnt shapes faster than a ViT of similar cost: class-caption accuracy 18 % vs 9 % at 600 steps)
     embed_dim: int = 64
-    patch_size: int = 4
-    vision_width: int = 64
-    vision_layers: int = 3
+    image_tower: str = "resnet"  # "resnet" (open_clip ModifiedResNet, 4 stages) or "vit"
+    patch_size: int = 4  # vit only
+    vision_width: int = 16
+    vision_layers: int = 1  # resnet: bottleneck blocks per stage; vit: transformer blocks
     text_width: int = 64
     text_layers: int = 2
     head_width: int = 32
     context_length: int = 32  # toy captions with the prefix take <= 20 tokens
     # training
-    steps: int = 1000
+    steps: int = 600
     batch_size: int = 128
     lr: float = 2e-3
     warmup_steps: int = 50
     weight_decay: float = 0.1
     recon_prob: float = 0.5  # chance that a training image is replaced by its VQ reconstruction (needs --vq)
-    class_caption_prob: float = 0.2  # chance that a caption is replaced by the class-only caption
+    class_caption_prob: float = 0.3  # chance that a caption is replaced by the class-only caption
     n_val: int = 500  # last n_val images of --data are held out for the retrieval check
     prompt_prefix: str = PROMPT_PREFIX
     seed: int = 0
@@ -59,17 +61,27 @@ class TrainClipParams:
             raise UserError("train-clip needs steps >= 1, batch_size >= 2 and n_val >= 0")
         if not (0 <= self.recon_prob <= 1 and 0 <= self.class_caption_prob <= 1):
             raise UserError("train-clip recon_prob and class_caption_prob must be in [0, 1]")
-        if self.vision_width % self.head_width or self.text_width % self.head_width:
-            raise UserError(f"train-clip vision_width and text_width must be multiples of head_width={self.head_width}")
+        if self.text_width % self.head_width or (self.image_tower == "vit" and self.vision_width % self.head_width):
+            raise UserError(f"train-clip text_width (and vision_width of a vit) must be multiples of "
+                            f"head_width={self.head_width}")
 
 
 def model_config(p: TrainClipParams, image_size: int) -> dict:
-    if image_size % p.patch_size:
-        raise UserError(f"train-clip patch_size={p.patch_size} does not divide the image size {image_size}")
+    if p.image_tower == "vit":
+        if image_size % p.patch_size:
+            raise UserError(f"train-clip patch_size={p.patch_size} does not divide the image size {image_size}")
+        vision = {"image_size": image_size, "patch_size": p.patch_size, "width": p.vision_width,
+                  "layers": p.vision_layers, "head_width": p.head_width}
+    elif p.image_tower == "resnet":
+        if image_size % 32:
+            raise UserError(f"train-clip image_tower resnet needs an image size divisible by 32, got {image_size}")
+        vision = {"image_size": image_size, "layers": [p.vision_layers] * 4, "width": p.vision_width,
+                  "head_width": p.head_width}
+    else:
+        raise UserError(f"train-clip image_tower must be 'vit' or 'resnet', got {p.image_tower!r}")
     return {
         "embed_dim": p.embed_dim,
-        "vision_cfg": {"image_size": image_size, "patch_size": p.patch_size, "width": p.vision_width,
-                       "layers": p.vision_layers, "head_width": p.head_width},
+        "vision_cfg": vision,
         "text_cfg": {"context_length": p.context_length, "vocab_size": 49408, "width": p.text_width,
                      "heads": p.text_width // p.head_width, "layers": p.text_layers},
     }
@@ -146,15 +158,15 @@ def train(net, tokenizer, images, captions, labels, p: TrainClipParams, recon=No
         opt.step()
         losses.append(loss.item())
     net.eval()
-    return {"train_seconds": time.perf_counter() - t0, "loss_first": losses[0], "loss_last_50": sum(losses[-50:]) / len(losses[-50:])}
+    return {"train_seconds": time.perf_counter() - t0, "loss_first": losses[0],
+            "loss_last_50": sum(losses[-50:]) / len(losses[-50:])}
 
 
 def save(net, cfg: dict, out: Path) -> None:
     """<out>.pt (state dict) and <out>.json (config), each written atomically; the JSON stem names the model."""
     with atomic_path(config_path(out)) as tmp:
         tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    with atomic_path(out) as tmp:
-        torch.save(net.state_dict(), tmp)
+    save_torch(net.state_dict(), out)
 
 
 def main(argv: list[str]) -> None:
