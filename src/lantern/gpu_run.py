@@ -1,6 +1,6 @@
 """Run a command on a GPU that no other gpu_run command holds, so parallel jobs do not pile onto GPU 0.
 
-    python workflow/profiles/local-gpu/gpu_run.py CMD [ARGS...]
+    lantern-gpu-run CMD [ARGS...]        (console script; or python -m lantern.gpu_run)
 
 Snakemake counts GPU jobs (`--resources gpu=N`) but does not say which device a job should use. This wrapper
 takes the first free device of the pool, sets CUDA_VISIBLE_DEVICES to it, and execs CMD. The device is
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        sys.exit("usage: gpu_run.py CMD [ARGS...]")
+        sys.exit("usage: lantern-gpu-run CMD [ARGS...]")
     pool = [] if "SLURM_JOB_ID" in os.environ else device_pool()
     if pool:
         dev, fd = acquire(pool)
@@ -81,5 +81,9 @@ def main(argv: list[str]) -> None:
         sys.exit(f"gpu_run: command not found: {argv[0]}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
     main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()

@@ -29,10 +29,10 @@ MODES = config["sweep"]["modes"]
 SHARDS = range(config["sweep"]["shards"])
 # The noise-free control world: the same shapes, no gradient, texture or pixel noise.
 CLEAN_WORLD = {"background_gradient": False, "texture_amplitude": 0.0, "noise_sigma": 0.0}
-# Rules call the CLI through the interpreter running Snakemake, so no virtualenv needs activating in jobs.
-LANTERN = f"{sys.executable} -m lantern"
-# GPU jobs take a free device through this wrapper; it passes commands through on CPU machines and under SLURM.
-GPU_RUN = f"{sys.executable} {workflow.basedir}/workflow/profiles/local-gpu/gpu_run.py"
+# Rules call the `lantern` console scripts. When no environment providing them is active (`.venv/bin/snakemake`
+# run directly), jobs find them beside the interpreter running Snakemake: appended, so an activated environment or
+# a rule's conda environment (--use-conda) comes first.
+shell.prefix(f'set -euo pipefail; export PATH="$PATH:{Path(sys.executable).parent}"; ')
 
 
 wildcard_constraints:
@@ -80,3 +80,71 @@ def all_outputs():
     if TOY:
         outputs += expand(f"{OUT}/toy/{{world}}/ambiguity.csv", world=WORLDS)
     return outputs
+
+
+# --- generation (generate.smk) ---
+
+
+def neighbours_table():
+    return f"{OUT}/neighbours/{config['neighbours']['metric']}_K{config['neighbours']['max_k']}.pt"
+
+
+def generate_inputs(wildcards):
+    method = POINTS[wildcards.point]
+    inputs = {"target": target_ckpt(), "vq": vq_ckpt()}
+    if method["name"] != "vanilla":
+        inputs["drafter"] = drafter_ckpt()
+    if method["name"] in ("lantern", "lanternpp"):
+        inputs["neighbours"] = neighbours_table()
+    return inputs
+
+
+def shard_range(shard):
+    """Contiguous, index-aligned slices: shard j of S covers images [j*n/S, (j+1)*n/S)."""
+    n, S = config["sweep"]["n_images"], config["sweep"]["shards"]
+    return int(shard) * n // S, (int(shard) + 1) * n // S
+
+
+def optional(flag, inputs, key):
+    return f"{flag} {inputs[key]}" if key in inputs.keys() else ""
+
+
+# --- metrics (metrics.smk) ---
+
+
+def clip_ckpt():
+    return toy_model("default", "clip") if config["metrics"]["clip_model"] == "toy" else config["metrics"]["clip_ckpt"]
+
+
+def evaluate_params():
+    m = config["metrics"]
+    toy_clip = m["clip_model"] == "toy"
+    if m["fid_extractor"] == "clip":
+        fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_ckpt()}
+    else:
+        fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
+    fidelity["cache_dir"] = f"{OUT}/metrics/reference_cache"
+    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_ckpt(), "prompt_prefix": m["prompt_prefix"]}
+    return {"fidelity": fidelity, "clip": clip}
+
+
+def reference_images():
+    return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"].get("reference", "")
+
+
+# --- figures (figures.smk) ---
+
+STYLE = f"{workflow.basedir}/src/lantern/figures/lantern.mplstyle"
+HAS_LANTERN = any(p["name"] == "lantern" for p in POINTS.values())
+HAS_TREES = any(p.get("drafting") in ("static", "dynamic") for p in POINTS.values())
+HAS_DRAFTS = any(p["name"] != "vanilla" for p in POINTS.values())
+TABLE_FIGURES = ["tradeoff"] + ["tau_vs_delta", "heatmap"] * HAS_LANTERN + ["tree_depth"] * HAS_TREES
+TABLE_FIGURES += ["acceptance_map"] * HAS_DRAFTS
+
+
+def figure_outputs():
+    figures = [f"{OUT}/figures/{name}.png" for name in TABLE_FIGURES]
+    figures += expand(f"{OUT}/figures/samples_{{mode}}.png", mode=MODES)
+    if TOY:
+        figures.append(f"{OUT}/figures/ambiguity.png")
+    return figures

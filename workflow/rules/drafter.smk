@@ -12,8 +12,10 @@ rule neighbours:
         f"{OUT}/benchmarks/neighbours/{{metric}}_K{{max_k}}.tsv"
     params:
         p=lambda w: as_arg({"metric": w.metric, "k": int(w.max_k)}),
+    conda:
+        "../../environment.yml"
     shell:
-        "{LANTERN} neighbours --vq {input.vq} --out {output} --params {params.p} > {log} 2>&1"
+        "lantern neighbours --vq {input.vq} --out {output} --params {params.p} > {log} 2>&1"
 
 
 if TRAIN_TOY:
@@ -31,6 +33,9 @@ if TRAIN_TOY:
         threads: 2
         params:
             p=lambda w, threads: as_arg({**config["toy"]["drafter"], "threads": threads_arg(threads)}),
+            device=config["device"],
+        conda:
+            "../../environment.yml"
         shell:
-            "{GPU_RUN} {LANTERN} train-drafter --target {input.target} --tokens {input.tokens} --out {output}"
-            " --device {config[device]} --params {params.p} > {log} 2>&1"
+            "lantern-gpu-run lantern train-drafter --target {input.target} --tokens {input.tokens} --out {output}"
+            " --device {params.device} --params {params.p} > {log} 2>&1"

@@ -1,26 +1,6 @@
 # Quality metrics per sweep point: FID / KID / precision-recall (torch-fidelity) and CLIP score (open_clip).
 
 
-def clip_ckpt():
-    return toy_model("default", "clip") if config["metrics"]["clip_model"] == "toy" else config["metrics"]["clip_ckpt"]
-
-
-def evaluate_params():
-    m = config["metrics"]
-    toy_clip = m["clip_model"] == "toy"
-    if m["fid_extractor"] == "clip":
-        fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_ckpt()}
-    else:
-        fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
-    fidelity["cache_dir"] = f"{OUT}/metrics/reference_cache"
-    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_ckpt(), "prompt_prefix": m["prompt_prefix"]}
-    return {"fidelity": fidelity, "clip": clip}
-
-
-def reference_images():
-    return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"].get("reference", "")
-
-
 if TRAIN_TOY:
 
     rule train_clip:
@@ -38,8 +18,10 @@ if TRAIN_TOY:
         threads: 2
         params:
             p=lambda w, threads: as_arg({**config["toy"]["clip"], "threads": threads_arg(threads)}),
+        conda:
+            "../../environment.yml"
         shell:
-            "{LANTERN} train-clip --data {input.data} --vq {input.vq} --out {output.weights} --params {params.p}"
+            "lantern train-clip --data {input.data} --vq {input.vq} --out {output.weights} --params {params.p}"
             " > {log} 2>&1"
 
 
@@ -59,6 +41,8 @@ rule evaluate:
         images=lambda w, input: " ".join(f"{s}/images" for s in input.shards),
         captions=lambda w, input: " ".join(f"{s}/stats.csv" for s in input.shards),
         p=as_arg(evaluate_params()),
+    conda:
+        "../../environment.yml"
     shell:
-        "{GPU_RUN} {LANTERN} evaluate --images {params.images} --reference {input.reference}"
+        "lantern-gpu-run lantern evaluate --images {params.images} --reference {input.reference}"
         " --captions {params.captions} --out {output} --params {params.p} --threads {threads} > {log} 2>&1"

@@ -15,6 +15,8 @@ rule tables:
     log:
         f"{OUT}/logs/tables.log",
     params:
-        folder=f"{OUT}/tables",
+        folder=lambda w, output: Path(output.sweep).parent,
+    conda:
+        "../../environment.yml"
     shell:
-        "{LANTERN} tables --shards {input.shards} --metrics {input.metrics} --out {params.folder} > {log} 2>&1"
+        "lantern tables --shards {input.shards} --metrics {input.metrics} --out {params.folder} > {log} 2>&1"

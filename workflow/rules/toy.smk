@@ -12,8 +12,11 @@ rule toy_data:
         n=lambda w: config["toy"]["data"]["n_train" if w.split == "train" else "n_val"],
         start=lambda w: 0 if w.split == "train" else config["toy"]["data"]["n_train"],
         data=lambda w: as_arg(data_params(w.world)),
+        seed=config["seed"],
+    conda:
+        "../../environment.yml"
     shell:
-        "{LANTERN} make-data --out {output} --n {params.n} --start {params.start} --seed {config[seed]}"
+        "lantern make-data --out {output} --n {params.n} --start {params.start} --seed {params.seed}"
         " --params {params.data} > {log} 2>&1"
 
 
@@ -26,8 +29,10 @@ rule tokenize:
     log:
         f"{OUT}/logs/tokenize/{{world}}_{{split}}.log",
     threads: 2
+    conda:
+        "../../environment.yml"
     shell:
-        "{LANTERN} tokenize --data {input.data} --vq {input.vq} --out {output} > {log} 2>&1"
+        "lantern tokenize --data {input.data} --vq {input.vq} --out {output} > {log} 2>&1"
 
 
 rule ambiguity:
@@ -46,8 +51,10 @@ rule ambiguity:
     threads: 2
     params:
         p=as_arg(config["toy"].get("ambiguity", {})),
+    conda:
+        "../../environment.yml"
     shell:
-        "{LANTERN} ambiguity --target {input.target} --vq {input.vq} --heldout {input.heldout} --out {output.table}"
+        "lantern ambiguity --target {input.target} --vq {input.vq} --heldout {input.heldout} --out {output.table}"
         " --steps-out {output.steps} --grid {output.grid} --params {params.p} --threads {threads} > {log} 2>&1"
 
 
@@ -66,8 +73,10 @@ if TRAIN_TOY:
         threads: 1
         params:
             p=as_arg(config["toy"]["vq"]),
+        conda:
+            "../../environment.yml"
         shell:
-            "{LANTERN} train-vq --data {input.data} --val {input.val} --out {output} --params {params.p}"
+            "lantern train-vq --data {input.data} --val {input.val} --out {output} --params {params.p}"
             " --threads {threads} > {log} 2>&1"
 
     rule train_gpt:
@@ -83,6 +92,8 @@ if TRAIN_TOY:
         threads: 1
         params:
             p=as_arg(config["toy"]["target"]),
+        conda:
+            "../../environment.yml"
         shell:
-            "{LANTERN} train-gpt --tokens {input.tokens} --val {input.val} --out {output} --params {params.p}"
+            "lantern train-gpt --tokens {input.tokens} --val {input.val} --out {output} --params {params.p}"
             " --threads {threads} > {log} 2>&1"
