@@ -25,7 +25,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 smoke: setup
-	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml --directory results/smoke
+	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml
 
 lint: setup
 	$(BIN)/snakemake --lint --configfile $(CONFIG)

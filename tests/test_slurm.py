@@ -2,12 +2,12 @@
 device allocator.
 
 The `slurm` tests install Debian's SLURM + munge when missing (root), start munged/slurmctld/slurmd on
-localhost (tests/slurm/cluster.py), run the workflow through workflow/profiles/slurm with its sizes cut to
-this machine, and stop every daemon they started by PID, also on failure. The workflow is the project's
-smoke DAG (Snakefile + config/smoke.yaml) once both exist, else the stand-in tests/slurm/mini/Snakefile.
+localhost (tests/slurm/cluster.py), run the project's smoke DAG (Snakefile + config/smoke.yaml) through
+workflow/profiles/slurm with its sizes cut to this machine, compare it with the session's local smoke run
+(tests/conftest.py), and stop every daemon they started by PID, also on failure. The stand-in workflow
+tests/slurm/mini/Snakefile (the pipeline's rule names, seconds per job) serves the retry and allocator tests.
 """
 import fcntl
-import hashlib
 import os
 import re
 import subprocess
@@ -22,25 +22,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
 import cluster  # noqa: E402
 import profile_check  # noqa: E402
+from conftest import SMOKE_OUT, result_files, result_hashes  # noqa: E402
 
 SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm"
 LOCAL_GPU_PROFILE = REPO / "workflow" / "profiles" / "local-gpu"
-GPU_RUN = LOCAL_GPU_PROFILE / "gpu_run.py"
+GPU_RUN = REPO / "src" / "lantern" / "gpu_run.py"
 MINI = REPO / "tests" / "slurm" / "mini" / "Snakefile"
-SMOKE = (REPO / "Snakefile").exists() and (REPO / "config" / "smoke.yaml").exists()
 WORKFLOWS = {
     "smoke": ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(REPO / "config" / "smoke.yaml")],
     "mini": ["--snakefile", str(MINI)],
 }
-# The full smoke DAG (56 jobs, ~15 s of SLURM overhead each) is opt-in until its run time fits CI; the stand-in
-# workflow has the pipeline's rule names, resources and DAG shape. LANTERN_SLURM_SMOKE=1 selects the real DAG.
-WORKFLOW = "smoke" if SMOKE and os.environ.get("LANTERN_SLURM_SMOKE") == "1" else "mini"
 GPU_RULES = ("generate", "train_drafter", "evaluate")
-LOCAL_RULES = ("tables", "figures")
-# Workflow outputs that hold wall-clock measurements: both runs must produce them, but they cannot be equal.
-TIMING_GLOBS: tuple[str, ...] = ()
-# Folders of a working directory that are not results: Snakemake's metadata, job and SLURM logs.
-NOT_RESULTS = (".snakemake", "logs")
+LOCAL_RULES = ("tables", "figure", "figure_samples", "figure_ambiguity")
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 RULE_LINE = re.compile(r"^(local)?rule (\w+):$", re.M)
 RUN_TIMEOUT = 600
@@ -70,7 +63,7 @@ def tail(path: Path, n: int = 60) -> str:
 
 @pytest.fixture(scope="module")
 def rules() -> set[str]:
-    return profile_check.workflow_rules(WORKFLOWS[WORKFLOW])
+    return profile_check.workflow_rules(WORKFLOWS["smoke"])
 
 
 def load(profile_dir: Path) -> dict:
@@ -246,16 +239,6 @@ def minutes(limit: str) -> int:
     return int(days or 0) * 1440 + h * 60 + m + (s > 0)
 
 
-def result_hashes(workdir: Path) -> dict[str, str]:
-    out = {}
-    for f in sorted(workdir.rglob("*")):
-        rel = f.relative_to(workdir)
-        if f.is_file() and rel.parts[0] not in NOT_RESULTS:
-            out[str(rel)] = "timing" if any(rel.match(g) for g in TIMING_GLOBS) else \
-                hashlib.sha256(f.read_bytes()).hexdigest()
-    return out
-
-
 def submitted_jobs(log: Path) -> list[tuple[str, Path]]:
     return [(jid, Path(path)) for jid, path in SUBMITTED.findall(log.read_text())]
 
@@ -273,31 +256,16 @@ def check_job(job: dict[str, str], want: dict, tag: str) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("workflow", [WORKFLOW])
-def test_slurm_run_matches_local_run(slurm, tmp_path, rules, workflow):
+def test_slurm_run_matches_local_run(slurm, smoke_run, tmp_path, rules):
     # A broken profile (misspelt resource or rule) fails here, before any job is submitted.
     assert profile_check.check_profile(SLURM_PROFILE, rules) == []
     profile = scaled_profile(tmp_path / "profile")
     assert profile_check.check_profile(profile, rules) == []
-    wf = WORKFLOWS[workflow]
-    local_wd, slurm_wd = tmp_path / "local", tmp_path / "slurm"
-    local_log, slurm_log = tmp_path / "local.log", tmp_path / "slurm.log"
-
-    # The local reference runs while SLURM jobs wait in the queue and status polls, sharing the 2 cores.
-    with open(local_log, "w") as out:
-        local = subprocess.Popen(snakemake_cmd("--cores", "2", "--max-threads", "1", *wf,
-                                               "--directory", str(local_wd)),
-                                 cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        t0 = time.monotonic()
-        r = run(snakemake_cmd("--profile", str(profile), *wf, "--directory", str(slurm_wd)), slurm_log)
-        wall = time.monotonic() - t0
-        assert r.returncode == 0, tail(slurm_log)
-        assert local.wait(timeout=RUN_TIMEOUT) == 0, tail(local_log)
-    finally:
-        if local.poll() is None:
-            local.kill()
-            local.wait()
+    slurm_wd, slurm_log = tmp_path / "slurm", tmp_path / "slurm.log"
+    t0 = time.monotonic()
+    r = run(snakemake_cmd("--profile", str(profile), *WORKFLOWS["smoke"], "--directory", str(slurm_wd)), slurm_log)
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, tail(slurm_log)
 
     # Every non-local job went through sbatch and completed on the cluster, with the profile's requests.
     log_text = slurm_log.read_text()
@@ -317,21 +285,22 @@ def test_slurm_run_matches_local_run(slurm, tmp_path, rules, workflow):
         rows.append((jid, job["Comment"], job["SubmitTime"], job["StartTime"], job["EndTime"]))
     submitted_rules = sorted(re.fullmatch(r"rule_(\w+?)(?:_wildcards_.*)?", c)[1] for _, c, *_ in rows)
     assert submitted_rules == cluster_rules
-    assert any(r in submitted_rules for r in GPU_RULES), "no GPU job ran: the GPU requests went untested"
+    assert set(GPU_RULES) <= set(submitted_rules), "a GPU rule did not run: its GPU request went untested"
     for rule in LOCAL_RULES:
-        assert rule not in submitted_rules
-        if any(name == rule for _, name in ran):
-            assert ("local", rule) in ran, f"{rule} must be a localrule"
+        assert rule not in submitted_rules and ("local", rule) in ran, f"{rule} must run as a localrule"
 
-    # Same results as the local run, byte for byte.
-    local_h, slurm_h = result_hashes(local_wd), result_hashes(slurm_wd)
-    assert local_h, "the local run produced no results"
-    differ = sorted(k for k in local_h.keys() | slurm_h.keys() if local_h.get(k) != slurm_h.get(k))
+    # The same results as the local run: the same files, and the deterministic ones byte for byte (stats,
+    # tables and speed figures hold wall-clock times, which no two runs share).
+    out = slurm_wd / SMOKE_OUT
+    assert result_files(out) == smoke_run.files
+    slurm_h = result_hashes(out)
+    differ = sorted(k for k in smoke_run.hashes.keys() | slurm_h.keys() if smoke_run.hashes.get(k) != slurm_h.get(k))
     assert not differ, f"results differ between the local and the SLURM run: {differ}"
 
     report = tmp_path / "slurm_jobs.tsv"
     report.write_text("jobid\tcomment\tsubmit\tstart\tend\n" + "".join("\t".join(r) + "\n" for r in rows))
-    print(f"\nSLURM run of the {workflow} DAG: {len(rows)} sbatch jobs, {wall:.0f} s wall; {report}")
+    print(f"\nSLURM run of the smoke DAG: {len(rows)} sbatch jobs, {wall:.0f} s wall "
+          f"(local run: {smoke_run.wall_s:.0f} s); {report}")
     for row in rows:
         print("  " + "  ".join(row))
 
