@@ -1,6 +1,7 @@
 """The experiment DAG end to end at smoke size (config/smoke.yaml): every table, figure and the report come out;
 a finished run is up to date; a deleted figure reruns only its rule; a killed generation job resumes to
 byte-identical images; the shard count never changes an image."""
+import json
 import os
 import re
 import shutil
@@ -45,6 +46,9 @@ def test_smoke_dag_makes_every_table_and_figure(smoke_run, tmp_path):
         assert (out / "tables" / name).stat().st_size > 0, name
     for name in FIGURES:
         assert (out / "figures" / f"{name}.png").stat().st_size > 10_000, name
+    for world in ["default", "clean"]:  # the toy world's report: model quality beside the ambiguity table
+        stats = json.loads((out / "toy" / world / "world_stats.json").read_text())
+        assert stats["vq_psnr"] > 5 and 0 < stats["vq_codebook_usage"] <= 1 and stats["target_val_loss"] > 0
     sweep = (out / "tables" / "sweep.csv").read_text()
     assert all(p in sweep for p in POINTS), "a sweep point is missing from the table"
     for point in POINTS:

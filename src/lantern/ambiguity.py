@@ -4,7 +4,8 @@ For each CFG scale, the distribution p the sampler draws from (CFG-mixed, then t
 measured at every step of (a) the target's own samples and (b) held-out images, teacher-forced. Own samples are
 made with the shared `generate`; their distributions are then recomputed in one teacher-forced pass, which equals
 the cached decoding path step by step. Writes a summary table (one row per source x CFG scale) and every step's
-top-1 probability and entropy, for distribution plots.
+top-1 probability and entropy, for distribution plots. With --stats-out it also records the world's model
+quality, measured here on the held-out split: VQ PSNR and codebook usage, and the target's validation loss.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .checkpoint import load_gpt
 from .data import params_from
 from .errors import UserError
 from .generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
-from .io import atomic_path, read_structured
-from .train_gpt import load_tokens
+from .io import atomic_path, read_structured, write_json
+from .train_gpt import load_tokens, validation_loss
 from .train_vq import set_threads
 
 LOW_TOP1 = 0.2  # the paper's notion of a flat step: no token above 20 %
@@ -106,6 +107,22 @@ def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame
     return pd.DataFrame(summary), pd.concat(steps, ignore_index=True), samples
 
 
+@torch.no_grad()
+def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | None, batch: int) -> dict:
+    """Model quality on the held-out split: the target's validation loss (teacher-forced, no CFG) and, given the
+    held-out images, the VQ's PSNR and codebook usage."""
+    stats = {"target_params": sum(p.numel() for p in model.parameters()), "heldout_images": len(heldout["tokens"]),
+             "target_val_loss": validation_loss(model, heldout["tokens"], heldout["labels"], batch)}
+    if val_images:
+        from . import train_vq
+        from .data import load_data
+        from .vq import load_vq
+
+        vq = train_vq.evaluate(load_vq(vq_path), load_data(val_images, "--val-images")["images"], batch)
+        stats.update({f"vq_{k}": v for k, v in vq.items()})
+    return stats
+
+
 def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_class: int = 8) -> None:
     """One PNG per run: a row per class, CFG scales side by side, to check samples look like their class."""
     from torchvision.utils import make_grid, save_image
@@ -135,12 +152,17 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--steps-out", required=True, help="per-step CSV: source, cfg_scale, image, label, position, top1, entropy")
     ap.add_argument("--vq", help="VQ checkpoint; with --grid, decode the samples into a PNG grid")
     ap.add_argument("--grid", help="PNG of the samples (a row per class, one block per CFG scale); needs --vq")
+    ap.add_argument("--stats-out", help="JSON of model quality on the held-out split: target validation loss, "
+                    "and with --val-images and --vq the VQ's PSNR and codebook usage")
+    ap.add_argument("--val-images", help="held-out images (`lantern make-data` file) for the VQ's PSNR; needs --vq")
     ap.add_argument("--params", default=None, help="AmbiguityParams as inline JSON/YAML or a file path")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), AmbiguityParams)
     if bool(a.grid) != bool(a.vq):
         raise UserError("--grid and --vq go together: give both to draw the sample grid, or neither")
+    if a.val_images and not (a.vq and a.stats_out):
+        raise UserError("--val-images measures the VQ for --stats-out: give --vq and --stats-out too")
     if a.grid and not params.n_samples:
         raise UserError("--grid needs own samples: set n_samples > 0")
     heldout = load_tokens(a.heldout, "--heldout")
@@ -159,3 +181,10 @@ def main(argv: list[str]) -> None:
     if a.grid:
         save_grid(a.vq, samples, model.args.num_classes, a.grid)
     print(summary.to_string(index=False))
+    if a.stats_out:
+        stats = world_stats(model, heldout, a.vq, a.val_images, params.batch)
+        write_json(a.stats_out, stats)
+        vq = (f"VQ PSNR {stats['vq_psnr']:.2f} dB, codebook usage {stats['vq_codebook_usage']:.3f} "
+              f"({stats['vq_codes_used']} codes); " if a.val_images else "")
+        print(f"{vq}target {stats['target_params'] / 1e6:.2f}M params, validation loss "
+              f"{stats['target_val_loss']:.4f} on {stats['heldout_images']} held-out images")

@@ -40,8 +40,10 @@ rule ambiguity:
         target=lambda w: toy_model(w.world, "target"),
         vq=lambda w: toy_model(w.world, "vq"),
         heldout=f"{OUT}/toy/{{world}}/data/val_tokens.pt",
+        val=f"{OUT}/toy/{{world}}/data/val.pt",
     output:
         table=f"{OUT}/toy/{{world}}/ambiguity.csv",
+        stats=f"{OUT}/toy/{{world}}/world_stats.json",
         steps=f"{OUT}/toy/{{world}}/ambiguity_steps.csv",
         grid=report(f"{OUT}/toy/{{world}}/samples.png", category="Toy world", caption="../report/toy_samples.rst"),
     log:
@@ -55,7 +57,8 @@ rule ambiguity:
         "../../environment.yml"
     shell:
         "lantern ambiguity --target {input.target} --vq {input.vq} --heldout {input.heldout} --out {output.table}"
-        " --steps-out {output.steps} --grid {output.grid} --params {params.p} --threads {threads} > {log} 2>&1"
+        " --steps-out {output.steps} --grid {output.grid} --stats-out {output.stats} --val-images {input.val}"
+        " --params {params.p} --threads {threads} > {log} 2>&1"
 
 
 if TRAIN_TOY:
