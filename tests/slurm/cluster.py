@@ -32,7 +32,7 @@ PARTITION = "lantern-test"
 # Fake GPUs (empty files standing in for /dev/nvidia*; slurmd drops GPUs without a File and logs a harmless
 # "not a valid character or block device" for these): SLURM schedules `--gpus=N` requests against them as on
 # a GPU node, so the profile's real GPU requests go through sbatch unchanged. Nothing in the jobs can use them.
-FAKE_GPUS = 2
+FAKE_GPUS = 4
 
 
 @dataclass
@@ -119,7 +119,9 @@ ReturnToService=2
 # scontrol checks both need them.
 MinJobAge=600
 {node_line(host)}
-PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Two jobs per core: a test job spends much of its life starting Python and waiting for the status poll, so
+# sharing cores hides that latency (a real cluster gives each job its own cores).
+PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 """
     SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
     SLURM_CONF.write_text(conf)
