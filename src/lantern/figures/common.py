@@ -11,6 +11,18 @@ from ..errors import UserError
 from ..tables import METHOD_LABELS, order_key
 
 
+FID_FEATURES = {"toyclip": "toy-CLIP features", "clip": "CLIP features", "inception-v3-compat": "Inception-v3"}
+
+
+def fid_label(df: pd.DataFrame, short: bool = False) -> str:
+    """The FID axis names its feature extractor: a toy-CLIP Frechet distance is not the Inception FID."""
+    found = sorted(df["fid_extractor"].dropna().astype(str).unique()) if "fid_extractor" in df else []
+    features = ", ".join(FID_FEATURES.get(e, e) for e in found)
+    if short:
+        return f"FID ({features})" if features else "FID"
+    return f"FID, {features} (lower is better)" if features else "FID (lower is better)"
+
+
 def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
     if tables is None:
         raise UserError(f"this figure reads {name}; pass --tables <outdir>/tables (written by `lantern tables`)")

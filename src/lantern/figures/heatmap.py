@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..errors import UserError
-from .common import modes, read_sweep, with_shape
+from .common import fid_label, modes, read_sweep, with_shape
 
 LABELS = {"tau_incl_bonus": ("τ (bonus counted)", "viridis"), "speedup_vs_vanilla": ("speed-up over AR (×)", "viridis"),
           "fid": ("FID (lower is better)", "magma_r"), "clip_score": ("CLIP score", "magma"),
@@ -47,6 +47,7 @@ def plot(inputs, p: Params):
             ax = axes[r, c]
             table = part.pivot_table(index=p.y, columns=p.x, values=value).reindex(index=ys, columns=xs)
             label, cmap = LABELS[value]
+            label = fid_label(grid, short=True) if value == "fid" else label
             im = ax.imshow(table.to_numpy(float), cmap=cmap, aspect="auto", origin="lower")
             mid = np.nanmean([np.nanmin(table.to_numpy(float)), np.nanmax(table.to_numpy(float))])
             for (i, j), v in np.ndenumerate(table.to_numpy(float)):

@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 
 from ..errors import UserError
 from ..tables import METHOD_LABELS
-from .common import modes, read_sweep, short_label
+from .common import fid_label, modes, read_sweep, short_label
 from .style import DRAFT_MARKERS, color, marker
 
 METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (higher is better)", True),
@@ -55,6 +55,7 @@ def plot(inputs, p: Params):
         for c, metric in enumerate(metrics):
             ax = axes[r, c]
             title, higher = METRICS[metric]
+            title = fid_label(df) if metric == "fid" else title
             pts = part[part[metric].notna()].reset_index(drop=True)
             floor = pts[pts["name"] == "vanilla"][metric]
             if len(floor) >= 2:
