@@ -185,7 +185,7 @@ def test_summary_markdown(built):
     lines = [l for l in greedy.splitlines() if l.startswith("| ") and not l.startswith("| Method")]
     assert lines[0].startswith("| AR (vanilla) | seed 0 |") and "1.00×" in lines[0]
     assert "(control)" in lines[1] and lines[2].startswith("| Exact SD | chain γ=4")
-    assert "Noise floor" in greedy and "fid 0.40" in greedy
+    assert "Noise floor" in greedy and "fid 0.400" in greedy and "kid_mean " in greedy
     assert setting({"name": "lantern", "point": "x", "drafting": "chain", "gamma": 4.0, "delta": 0.2, "lam": math.nan,
                     "k": 50.0, "residual": "reference"}) == "chain γ=4, δ=0.2, k=50, residual=reference"
 

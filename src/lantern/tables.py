@@ -39,7 +39,8 @@ METHOD_LABELS = {"vanilla": "AR (vanilla)", "exact": "Exact SD", "lantern": "LAN
 @dataclass
 class TableParams:
     tau_digits: int = 2  # decimals printed in summary.md
-    score_digits: int = 2  # FID, CLIP score
+    score_digits: int = 2  # CLIP score
+    distance_figures: int = 3  # significant figures of FID and KID (a CLIP-feature FD is ~0.05, Inception FID ~5)
     fraction_digits: int = 3  # precision, recall
 
 
@@ -251,8 +252,13 @@ def method_label(row) -> str:
     return METHOD_LABELS.get(row["name"], str(row["name"]))
 
 
-def _fmt(value, digits: int, suffix: str = "") -> str:
-    return "—" if value is None or pd.isna(value) else f"{value:.{digits}f}{suffix}"
+def _fmt(value, digits: int, suffix: str = "", significant: bool = False) -> str:
+    """`digits` decimals, or `digits` significant figures (trailing zeros kept, so 0.4 prints as 0.400)."""
+    if value is None or pd.isna(value):
+        return "—"
+    if significant:
+        digits = max(0, digits - 1 - math.floor(math.log10(abs(value)))) if value else digits - 1
+    return f"{value:.{digits}f}{suffix}"
 
 
 def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
@@ -265,12 +271,13 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     for mode, part in sweep.groupby("mode", sort=False):
         lines += [f"## {mode}", "",
                   "| Method | Setting | τ (incl. bonus) | Speed-up | Step compr. | FID ↓ | CLIP ↑ | Precision ↑ "
-                  "| Recall ↑ | Images |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        digits = {"fid": p.score_digits, "clip_score": p.score_digits, "precision": p.fraction_digits,
-                  "recall": p.fraction_digits}
+                  "| Recall ↑ | KID ↓ | Images |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
+                  "precision": (p.fraction_digits, False), "recall": (p.fraction_digits, False),
+                  "kid_mean": (p.distance_figures, True)}
         for _, r in part.iterrows():
-            quality = " | ".join(_fmt(r[c], d) for c, d in digits.items())
+            quality = " | ".join(_fmt(r[c], d, significant=sig) for c, (d, sig) in digits.items())
             lines.append(
                 f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} "
                 f"| {_fmt(r['speedup_vs_vanilla'], 2, '×')} | {_fmt(r['step_compression'], 2, '×')} "
@@ -278,7 +285,7 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
         floor = part.set_index("point")
         if {"vanilla", "vanilla-control"} <= set(floor.index):
             gap = {c: abs(floor.at["vanilla", c] - floor.at["vanilla-control", c]) for c in digits}
-            gaps = [f"{c} {gap[c]:.{d}f}" for c, d in digits.items() if pd.notna(gap[c])]
+            gaps = [f"{c} {_fmt(gap[c], d, significant=sig)}" for c, (d, sig) in digits.items() if pd.notna(gap[c])]
             if gaps:
                 lines += ["", f"Noise floor (|vanilla − control|): {', '.join(gaps)}."]
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
