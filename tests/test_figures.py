@@ -10,6 +10,7 @@ from lantern.ambiguity import long_rows
 from lantern.errors import UserError
 from lantern.figures import FIGURES, main
 from lantern.figures.common import select_points
+from lantern.figures.samples import class_labels, column_title
 from lantern.figures.tradeoff import pareto
 from lantern.tables import main as tables_main
 from test_tables import POINTS, make_sweep
@@ -70,6 +71,14 @@ def test_figure_options(sweep):
     assert out.stat().st_size > 0
     main(["samples", *args_for("samples", sweep), "--params", '{"indices": [1, 4], "points": ["vanilla", "exact-dynamic"]}',
           "--out", str(out)])
+
+
+def test_sample_columns_name_their_class(sweep):
+    labels = class_labels(sweep / "gen", "sampling", "vanilla")
+    assert labels[5] == 1  # the fixture's labels cycle i mod 4
+    assert column_title(5, labels[5], toy_names=False) == "image 5\nclass 1"
+    assert column_title(5, labels[5], toy_names=True) == "image 5\nellipse"
+    assert column_title(5, None, toy_names=True) == "image 5"
 
 
 def test_bad_figure_inputs(sweep, tmp_path):

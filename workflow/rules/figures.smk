@@ -32,11 +32,12 @@ rule figure_samples:
     params:
         folder=lambda w, input: Path(input.tables[0]).parent,
         gen=lambda w, input: Path(input.shards[0]).parents[2],
+        p=as_arg({"toy_class_names": TOY}),
     conda:
         "../../environment.yml"
     shell:
         "lantern figure samples --tables {params.folder} --gen {params.gen} --mode {wildcards.mode}"
-        " --style {input.style} --out {output} > {log} 2>&1"
+        " --params {params.p} --style {input.style} --out {output} > {log} 2>&1"
 
 
 rule figure_ambiguity:

@@ -53,7 +53,7 @@ def plot(inputs, p: Params):
             for (i, j), v in np.ndenumerate(table.to_numpy(float)):
                 if np.isfinite(v):
                     dark = (v > mid) == cmap.endswith("_r")  # white text on the dark end of the colour map
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if dark else "black")
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8, color="white" if dark else "black")
             ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
             ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
             ax.set_xlabel(AXES[p.x])

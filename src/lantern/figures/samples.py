@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 from PIL import Image
 
 from ..errors import UserError
@@ -17,11 +18,27 @@ class Params:
     indices: list[int] | None = None  # image indices (default: the first `columns` images every point has)
     columns: int = 8
     points: list[str] | None = None  # default: AR, control, exact SD, weakest/strongest relaxation per family
+    toy_class_names: bool = False  # title columns with the toy world's class names instead of class ids
 
 
 def image_path(gen: Path, mode: str, point: str, index: int) -> Path | None:
     hits = sorted((gen / mode / point).glob(f"shard*/images/{index:06d}.png"))
     return hits[0] if hits else None
+
+
+def class_labels(gen: Path, mode: str, point: str) -> dict[int, int]:
+    """image index -> class id, from the point's stats.csv files (every point cycles through the same labels)."""
+    tables = [pd.read_csv(f, usecols=["image_index", "label"]) for f in sorted((gen / mode / point).glob("shard*/stats.csv"))]
+    return dict(pd.concat(tables).itertuples(index=False)) if tables else {}
+
+
+def column_title(index: int, label: int | None, toy_names: bool) -> str:
+    if label is None:
+        return f"image {index}"
+    from ..data import CLASS_NAMES  # imported here: only the toy world has these names
+
+    name = CLASS_NAMES[label] if toy_names and 0 <= label < len(CLASS_NAMES) else f"class {label}"
+    return f"image {index}\n{name}"
 
 
 def plot(inputs, p: Params):
@@ -38,6 +55,7 @@ def plot(inputs, p: Params):
             if paths[point, i] is None:
                 raise UserError(f"samples: no image {i:06d}.png under {inputs.gen / mode / point}/shard*/images; "
                                 "pick indices every point generated")
+    labels = class_labels(inputs.gen, mode, chosen["point"].iloc[0])
     cell = 1.1
     fig, axes = plt.subplots(len(chosen), len(indices), squeeze=False, layout="constrained",
                              figsize=(cell * len(indices) + 2.6, cell * len(chosen) + 0.6))
@@ -50,7 +68,7 @@ def plot(inputs, p: Params):
             ax.grid(False)
             ax.spines[:].set_visible(False)
             if r == 0:
-                ax.set_title(f"image {i}", fontsize=8.5, fontweight="normal")
+                ax.set_title(column_title(i, labels.get(i), p.toy_class_names), fontsize=8.5, fontweight="normal")
         axes[r, 0].set_ylabel(short_label(row), rotation=0, ha="right", va="center", fontsize=8.5)
-    fig.suptitle(f"Samples ({mode}); columns share the per-image seed (the control row uses its own seed)")
+    fig.suptitle(f"Samples ({mode}); columns share the per-image seed and class (the control row uses its own seed)")
     return fig
