@@ -81,6 +81,7 @@ def plot(inputs, p: Params):
         for ax, what, unit in zip(axes[r], ("top-1 probability", "entropy"), ("probability", "nat")):
             ax.set_ylabel(f"density of steps (per {unit})")
             ax.set_title(f"{what}, {SOURCES.get(source, source)}")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.4)  # headroom, so the legend never covers a histogram
             ax.legend(loc="upper right")
     fig.suptitle("Token selection ambiguity of the target (per decoding step)")
     return fig
