@@ -103,12 +103,15 @@ class Drafter(nn.Module):
     def cache_len(self) -> int:
         return self.layer.attention.kv_cache.k.shape[2]
 
-    def forward_cached(self, emb: Tensor, hidden: Tensor, pos: Tensor, visible: Tensor) -> Tensor:
-        """Cached pass at drafter positions `pos` [S] (also their cache slots); visible [S, max_len] as in GPT."""
+    def forward_cached(self, emb: Tensor, hidden: Tensor, pos: Tensor, visible: Tensor,
+                       slots: Tensor | None = None) -> Tensor:
+        """Cached pass at drafter positions `pos` [S], written to cache `slots` [S] (default: the positions; tree
+        nodes sharing a depth share a position but not a slot); visible [S, max_len] as in GPT."""
+        slots = pos if slots is None else slots
         own = torch.zeros_like(visible)
-        own[torch.arange(len(pos), device=pos.device), pos] = True
+        own[torch.arange(len(slots), device=slots.device), slots] = True
         mask = (visible[None, None] & self.key_valid[:, None, None, :]) | own[None, None]
-        return self._run(emb, hidden, pos, mask, pos)
+        return self._run(emb, hidden, pos, mask, slots)
 
     def step(self, emb: Tensor, hidden: Tensor, start: int) -> Tensor:
         """Causal cached pass over consecutive drafter positions start.. start + S - 1."""

@@ -350,11 +350,7 @@ def drafter_tree_pass(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor
                       Q: int) -> Tensor:
     """Drafter over tree nodes at positions `pos`, cache slots `slots`; anc [S, m] = the tree slots (from Q on)
     each node sees. Returns the predicted hidden states [R, S, d]."""
-    visible = _visible(len(slots), drafter.cache_len, Q, anc)
-    own = torch.zeros_like(visible)
-    own[torch.arange(len(slots), device=slots.device), slots] = True
-    mask = (visible[None, None] & drafter.key_valid[:, None, None, :]) | own[None, None]
-    return drafter._run(emb, hidden, pos, mask, slots)
+    return drafter.forward_cached(emb, hidden, pos, _visible(len(slots), drafter.cache_len, Q, anc), slots)
 
 
 def verify_tree(target: GPT, root: int, draft: Draft, Q: int) -> tuple[Tensor, Tensor]:
