@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 CONFIG ?= config/config.yaml
+# The Snakefile already loads config/config.yaml; naming it again would only make Snakemake merge it twice.
+CONFIG_ARG := $(if $(filter config/config.yaml,$(CONFIG)),,--configfile $(CONFIG))
 
 .PHONY: setup run test smoke lint dag ship-toy
 
@@ -18,8 +20,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
-	$(BIN)/snakemake --cores 1 --configfile $(CONFIG) --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) $(CONFIG_ARG)
+	$(BIN)/snakemake --cores 1 $(CONFIG_ARG) --report results/report.html
 
 test: setup
 	$(BIN)/python -m pytest
@@ -28,10 +30,10 @@ smoke: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml
 
 lint: setup
-	$(BIN)/snakemake --lint --configfile $(CONFIG)
+	$(BIN)/snakemake --lint $(CONFIG_ARG)
 
 dag: setup
-	$(BIN)/snakemake --configfile $(CONFIG) --dag mermaid-js > results/dag.mmd
+	$(BIN)/snakemake $(CONFIG_ARG) --dag mermaid-js > results/dag.mmd
 
 # Retrain the toy world with the rules and ship its checkpoints into models/toy/ (with MANIFEST.json).
 ship-toy: setup
