@@ -6,29 +6,9 @@ from lantern.drafter import (
     Drafter, DrafterParams, drafter_losses, load_drafter, main, save_drafter, target_states, train_drafter,
 )
 from lantern.errors import UserError
-from lantern.model import GPT, ModelArgs
+from tiny import one_thread, tiny_target  # noqa: F401 (fixtures)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread. Two OpenMP threads on a busy 2-core machine make each small masked attention
-    call ~100x slower (~15 ms instead of ~0.1 ms)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def tiny_target(model_type="c2i", seed=0, **kw):
-    base = dict(dim=32, n_layer=2, n_head=2, vocab_size=16, num_classes=4, image_tokens=16, multiple_of=32)
-    if model_type == "t2i":
-        base.update(model_type="t2i", cls_token_num=5, caption_dim=12)
-    base.update(kw)
-    torch.manual_seed(seed)
-    model = GPT(ModelArgs(**base)).eval()
-    with torch.no_grad():
-        model.output.weight.mul_(30)  # peaked next-token distributions, so agreement is learnable
-    return model
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_architecture_is_eagle_one():

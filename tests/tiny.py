@@ -1,0 +1,45 @@
+"""Tiny targets and drafters for the decoding tests (test_drafter, test_speculative, test_trees)."""
+import pytest
+import torch
+
+from lantern.drafter import DrafterParams, self_generate, train_drafter
+from lantern.generate import image_generator
+from lantern.model import GPT, ModelArgs
+
+
+def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
+    """A 2-layer GPT over 16 codes and 4 classes; `scale` sharpens its next-token distributions, so that drafter
+    agreement is learnable in seconds."""
+    base = dict(dim=32, n_layer=2, n_head=2, vocab_size=16, num_classes=4, image_tokens=16, multiple_of=32)
+    if model_type == "t2i":
+        base.update(model_type="t2i", cls_token_num=5, caption_dim=12)
+    base.update(kw)
+    torch.manual_seed(seed)
+    model = GPT(ModelArgs(**base)).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(scale)
+    return model
+
+
+def gens(n, seed=0):
+    return [image_generator(seed, i) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread. Two OpenMP threads on a busy 2-core machine make each small masked attention
+    call ~100x slower (~15 ms instead of ~0.1 ms)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def trained(one_thread):
+    """A tiny c2i target and a drafter trained on its own samples (a few seconds), so drafts are often right."""
+    target = tiny_target()
+    labels = torch.arange(192) % 4
+    tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
+    drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3))
+    return target, drafter
