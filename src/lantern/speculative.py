@@ -54,6 +54,31 @@ def _pick(p: Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     return int(p.argmax()) if params.greedy else sample_index(p, generator)
 
 
+def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,
+                        generator: torch.Generator, timer: StepTimer, cond_mask: Tensor | None = None,
+                        target_extra: int = 0, drafter_extra: int = 0) -> tuple[int, int, Tensor, Tensor]:
+    """The start of every speculative decoder (chain and tree): both caches set up (`*_extra` slots for tree
+    nodes), the target run over the condition, the first image token drawn. Returns the number of rows R, that
+    token, and the drafter's pending catch-up inputs: embeddings of positions t + 1 and the target's hidden h_t."""
+    device = target.output.weight.device
+    T = target.args.cls_token_num
+    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
+    R = rows.shape[0]
+    with timer.section("other"):
+        target.setup_cache(R, extra=target_extra)
+        drafter.setup_cache(R, extra=drafter_extra, cond_mask=rows_mask)
+    with timer.section("verify"):
+        if rows_mask is not None:
+            target.set_cond_mask(rows_mask)
+        pos = torch.arange(T, device=device)
+        cond_emb = target.embed_cond(rows)
+        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
+    with timer.section("other"):
+        first = _pick(_probs(logits[:, -1], params, 0), params, generator)
+    first_emb = target.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
+    return R, first, torch.cat([cond_emb[:, 1:], first_emb], 1), hidden
+
+
 @torch.no_grad()
 def speculative_decode(
     target: GPT,
@@ -77,21 +102,8 @@ def speculative_decode(
     device = target.output.weight.device
     timer = StepTimer(device)
     reset_peak_memory(device)
-    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
-    R = rows.shape[0]
-    with timer.section("other"):
-        target.setup_cache(R)
-        drafter.setup_cache(R, cond_mask=rows_mask)
-    with timer.section("verify"):
-        if rows_mask is not None:
-            target.set_cond_mask(rows_mask)
-        pos = torch.arange(T, device=device)
-        cond_emb = target.embed_cond(rows)
-        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
-    with timer.section("other"):
-        tokens = [_pick(_probs(logits[:, -1], params, 0), params, generator)]
-    # Drafter inputs awaiting a catch-up pass: embeddings of positions t + 1 and true target hidden h_t.
-    pend_emb = torch.cat([cond_emb[:, 1:], target.embed_tokens(torch.tensor([tokens[-1]] * R, device=device))[:, None]], 1)
+    R, first, pend_emb, hidden = speculative_prefill(target, drafter, cond, params, generator, timer, cond_mask)
+    tokens = [first]
     pend_h, start, Q = hidden, 0, T
     target_forwards, drafter_forwards, accepted = 1, 0, []
 

@@ -41,9 +41,10 @@ from .acceptance import AcceptRule, greedy_accept, verify_candidates
 from .drafter import Drafter
 from .errors import UserError
 from .generate import (
-    ImageStats, SamplingParams, StepTimer, cfg_rows, logits_to_probs, peak_memory, reset_peak_memory, sample_index,
+    ImageStats, SamplingParams, StepTimer, logits_to_probs, peak_memory, reset_peak_memory, sample_index,
 )
-from .model import GPT, causal_mask
+from .model import GPT
+from .speculative import decode_each, speculative_prefill
 
 # parent rank path -> number of children (ranks 0 .. c - 1)
 NAIVE_EXTEND_57 = {
@@ -430,22 +431,11 @@ def tree_decode(
     device = target.output.weight.device
     timer = StepTimer(device)
     reset_peak_memory(device)
-    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
-    R = rows.shape[0]
     with timer.section("other"):
         tree = tree.to(device)
-        target.setup_cache(R, extra=tree.max_nodes)
-        drafter.setup_cache(R, extra=tree.drafter_slots, cond_mask=rows_mask)
-    with timer.section("verify"):
-        if rows_mask is not None:
-            target.set_cond_mask(rows_mask)
-        pos = torch.arange(T, device=device)
-        cond_emb = target.embed_cond(rows)
-        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
-    with timer.section("other"):
-        p = row_probs(logits[:, -1:], params, 0)[0]
-        tokens = [int(p.argmax()) if params.greedy else sample_index(p, generator)]
-    pend_emb = torch.cat([cond_emb[:, 1:], target.embed_tokens(torch.tensor([tokens[-1]] * R, device=device))[:, None]], 1)
+    R, first, pend_emb, hidden = speculative_prefill(target, drafter, cond, params, generator, timer, cond_mask,
+                                                     target_extra=tree.max_nodes, drafter_extra=tree.drafter_slots)
+    tokens = [first]
     pend_h, start, Q = hidden, 0, T
     stats = TreeStats(n_tokens=N, target_forwards=1)
 
@@ -501,8 +491,6 @@ def generate(
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, list[TreeStats]]:
     """Tree speculative decoding of a batch, one image at a time; same contract as generate.generate."""
-    from .speculative import decode_each
-
     return decode_each(
         lambda c, g, m: tree_decode(target, drafter, c, params, rule, tree, g, table, m), cond, generators, cond_mask
     )
