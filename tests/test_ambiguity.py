@@ -1,13 +1,18 @@
+import dataclasses
 import math
 
 import pytest
 import torch
+from PIL import Image
 
-from lantern.ambiguity import AmbiguityParams, step_stats, summarise
+from lantern.ambiguity import AmbiguityParams, save_grid, step_stats, summarise
+from lantern.checkpoint import save_checkpoint
 from lantern.errors import UserError
 from lantern.generate import (SamplingParams, cfg_rows, decode_one_token, duplicate_for_cfg, generate,
                               image_generator, logits_to_probs, mix_cfg, prefill)
 from lantern.model import GPT, ModelArgs
+from lantern.train_vq import VQParams
+from lantern.vq import VQModel
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +81,15 @@ def test_bad_params():
         AmbiguityParams(cfg_scales=[])
     with pytest.raises(UserError):
         AmbiguityParams(n_samples=0, n_heldout=0)
+
+
+def test_sample_grid_puts_vq_reconstructions_beside_the_samples(tmp_path):
+    torch.manual_seed(0)
+    args = VQParams().vq_args()
+    save_checkpoint(tmp_path / "vq.pt", VQModel(args).eval(), args=dataclasses.asdict(args))
+    tokens, labels = torch.randint(0, 512, (6, 64)), torch.tensor([0, 1, 1, 0, 1, 1])
+    blocks = {"reconstructions": (tokens, labels), 1.0: (tokens[:3], labels[:3]), 2.0: (tokens[3:], labels[3:])}
+    save_grid(str(tmp_path / "vq.pt"), blocks, num_classes=2, path=str(tmp_path / "grid.png"), per_class=4)
+    width, height = Image.open(tmp_path / "grid.png").size
+    block = 4 * (32 + 1) + 1  # four 32-pixel images per row, 1-pixel padding
+    assert height == 2 * (32 + 1) + 1 + 2 * 4 and width == 3 * block + 4 * 4  # three blocks, 4-pixel borders

@@ -124,7 +124,8 @@ def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | Non
 
 
 def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_class: int = 8) -> None:
-    """One PNG per run: a row per class, CFG scales side by side, to check samples look like their class."""
+    """One PNG per run: a row per class, blocks side by side (held-out VQ reconstructions, then the target's
+    samples per CFG scale), to check samples look like their class as far as the VQ allows."""
     from torchvision.utils import make_grid, save_image
 
     from .vq import load_vq
@@ -132,7 +133,7 @@ def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_clas
     vq = load_vq(vq_path)
     blocks = []
     side = vq.args.downsample * math.isqrt(next(iter(samples.values()))[0].shape[1])
-    for cfg, (tokens, labels) in samples.items():
+    for tokens, labels in samples.values():
         rows = []
         for c in range(num_classes):
             picked = tokens[labels == c][:per_class]
@@ -179,7 +180,9 @@ def main(argv: list[str]) -> None:
     with atomic_path(a.steps_out) as tmp:
         steps.to_csv(tmp, index=False)
     if a.grid:
-        save_grid(a.vq, samples, model.args.num_classes, a.grid)
+        # decoded held-out tokens are VQ reconstructions: the most a target's samples can look like their class
+        blocks = {"reconstructions": (heldout["tokens"], heldout["labels"]), **samples}
+        save_grid(a.vq, blocks, model.args.num_classes, a.grid)
     print(summary.to_string(index=False))
     if a.stats_out:
         stats = world_stats(model, heldout, a.vq, a.val_images, params.batch)
