@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import REPO, SMOKE_OUT, result_hashes, run_logged, smoke_cmd, snakemake_env, tail
 
@@ -49,8 +50,11 @@ def test_smoke_dag_makes_every_table_and_figure(smoke_run, tmp_path):
     for world in ["default", "clean"]:  # the toy world's report: model quality beside the ambiguity table
         stats = json.loads((out / "toy" / world / "world_stats.json").read_text())
         assert stats["vq_psnr"] > 5 and 0 < stats["vq_codebook_usage"] <= 1 and stats["target_val_loss"] > 0
-    sweep = (out / "tables" / "sweep.csv").read_text()
-    assert all(p in sweep for p in POINTS), "a sweep point is missing from the table"
+    sweep = pd.read_csv(out / "tables" / "sweep.csv").set_index("point")
+    assert set(POINTS) <= set(sweep.index), "a sweep point is missing from the table"
+    # smoke.yaml sets sweep.in_job_vanilla: every speculative point carries a speed-up timed in its own jobs
+    in_job = sweep["speedup_vs_in_job_vanilla"]
+    assert in_job[["vanilla", "vanilla-control"]].isna().all() and (in_job.drop(["vanilla", "vanilla-control"]) > 0).all()
     for point in POINTS:
         assert len(list((out / "gen" / "sampling" / point).glob("shard*/images/*.png"))) == 4, point
     # Every generation job's output appeared whole: no half-written shard folders are left anywhere.

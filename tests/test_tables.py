@@ -57,6 +57,8 @@ def stats_row(i: int, point: str, mode: str, spec: dict, rng) -> dict:
            "peak_mem_bytes": math.nan, "batch_size": 1, "accepted_per_step": " ".join(map(str, steps)),
            "tau": N_TOKENS / forwards, "time_total_s": t_draft + t_verify + 0.0001, "steps": len(steps) or forwards,
            "tokens": " ".join(str(int(t)) for t in rng.integers(0, 64, N_TOKENS))}
+    if mode == "sampling" and spec["name"] != "vanilla":  # `lantern sample --in-job-vanilla`
+        row["vanilla_time_total_s"] = 0.001 * N_TOKENS * (1.0 + 0.1 * rng.random())
     if spec.get("drafting") in ("static", "dynamic"):
         row["accepted_depth"] = row["accepted_per_step"]
         row["tree_depth"] = " ".join(str(5 if spec["drafting"] == "static" else max(2, a + 1)) for a in steps)
@@ -125,6 +127,20 @@ def test_sweep_table_columns_and_reference_values(built):
     assert list(sweep["point"][:3]) == ["vanilla", "vanilla-control", "exact-chain-g4"]
     assert sweep["tau_incl_bonus"].max() > 1.5  # the synthetic relaxations accept drafts
     assert sweep.loc[sweep["drafting"] == "chain", "accepted_depth_mean"].isna().all()
+
+
+def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
+    sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"])
+    stats = pd.concat(pd.read_csv(built / "gen" / "sampling" / "exact-chain-g4" / f"shard{j}" / "stats.csv")
+                      for j in (0, 1))
+    expected = stats["vanilla_time_total_s"].mean() / stats["time_total_s"].mean()
+    assert sweep.loc[("sampling", "exact-chain-g4"), "speedup_vs_in_job_vanilla"] == pytest.approx(expected)
+    assert sweep.loc["greedy", "speedup_vs_in_job_vanilla"].isna().all()  # generated without the reference
+    text = (built / "tables" / "summary.md").read_text()
+    greedy, sampling = text.split("## greedy")[1].split("## sampling")
+    assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
+    header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
+    assert header.count("|") == rule.count("|") == 13
 
 
 def test_tau_speedup_and_compression_recomputed_from_stats(built):

@@ -59,13 +59,14 @@ def environment(device: torch.device) -> dict:
 
 
 class Decoder:
-    """Loads the models a method needs once and turns (label, generator) into image tokens plus stats."""
+    """Loads the models a method needs once and turns (label, generator) into image tokens plus stats.
+    `reference` is plain AR on the same target, for speed-ups timed in the same job."""
 
     def __init__(self, method: dict, params: SamplingParams, target_path: str, device: torch.device, dtype: str,
                  drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None):
         self.method, self.params, self.device = method, params, device
         self.target = load_gpt(target_path, dtype=dtype, device=str(device))
-        self.run = None
+        self.reference = self._vanilla
         if method["name"] == "vanilla":
             self.run = self._vanilla
         else:
@@ -85,7 +86,8 @@ def job_identity(a) -> dict:
     files = {k: (str(Path(v).resolve()), Path(v).stat().st_mtime_ns) if v else None
              for k, v in (("target", a.target), ("vq", a.vq), ("drafter", a.drafter), ("neighbours", a.neighbours))}
     return {"method": read_structured(a.method), "sampling": read_structured(a.sampling), "mode": a.mode,
-            "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files}
+            "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
+            "in_job_vanilla": a.in_job_vanilla}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -119,6 +121,9 @@ def parse_args(argv):
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up image")
+    ap.add_argument("--in-job-vanilla", action="store_true",
+                    help="also decode every image with plain AR in this job and record its latency "
+                         "(vanilla_time_total_s): a speed-up reference from the same machine at the same moment")
     return ap.parse_args(argv)
 
 
@@ -152,8 +157,11 @@ def main(argv: list[str]) -> None:
     resume_or_restart(partial, job_identity(a))
     (partial / "images").mkdir(parents=True, exist_ok=True)
     (partial / "rows").mkdir(exist_ok=True)
+    reference = a.in_job_vanilla and method["name"] != "vanilla"
     if not a.no_warmup:  # first calls pay for allocation and kernel selection; keep that out of every latency
         decoder.run(label_of(a.start), image_generator(a.seed, a.start))
+        if reference:
+            decoder.reference(label_of(a.start), image_generator(a.seed, a.start))
     started = time.time()
     for i in range(a.start, a.end):
         row_path = partial / "rows" / f"{i:06d}.json"
@@ -165,6 +173,8 @@ def main(argv: list[str]) -> None:
         save_png(image, partial / "images" / f"{i:06d}.png")
         row = {"image_index": i, "seed": image_seed(a.seed, i), "label": label_of(i), "method": method["name"],
                "mode": a.mode, **stats.row(), "tokens": " ".join(map(str, tokens.tolist()))}
+        if reference:  # timed right after the method's image: both see the same machine load
+            row["vanilla_time_total_s"] = decoder.reference(label_of(i), image_generator(a.seed, i))[1].time_total_s
         write_json(row_path, row)
 
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]

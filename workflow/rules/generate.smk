@@ -21,7 +21,8 @@ rule generate:
         device=config["device"],
         dtype=config["dtype"],
         extra=lambda w, input: " ".join(
-            filter(None, [optional("--drafter", input, "drafter"), optional("--neighbours", input, "neighbours")])
+            filter(None, [optional("--drafter", input, "drafter"), optional("--neighbours", input, "neighbours"),
+                          "--in-job-vanilla" if config["sweep"]["in_job_vanilla"] else ""])
         ),
     conda:
         "../../environment.yml"
