@@ -27,6 +27,7 @@ from .checkpoint import load_gpt, parse_device
 from .errors import UserError
 from .generate import SamplingParams, generate, image_generator, image_seed
 from .io import atomic_path, read_structured, write_json
+from .metrics.speed import IN_JOB_REFERENCE
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -174,7 +175,7 @@ def main(argv: list[str]) -> None:
         row = {"image_index": i, "seed": image_seed(a.seed, i), "label": label_of(i), "method": method["name"],
                "mode": a.mode, **stats.row(), "tokens": " ".join(map(str, tokens.tolist()))}
         if reference:  # timed right after the method's image: both see the same machine load
-            row["vanilla_time_total_s"] = decoder.reference(label_of(i), image_generator(a.seed, i))[1].time_total_s
+            row[IN_JOB_REFERENCE] = decoder.reference(label_of(i), image_generator(a.seed, i))[1].time_total_s
         write_json(row_path, row)
 
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]

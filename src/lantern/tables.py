@@ -24,9 +24,9 @@ import pandas as pd
 
 from .errors import UserError
 from .io import atomic_path, read_structured
+from .metrics.speed import IN_JOB_REFERENCE
 
 SPEC_COLUMNS = ["name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed"]
-IN_JOB_VANILLA = "vanilla_time_total_s"
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score"]
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
@@ -131,8 +131,8 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         "throughput_img_per_s": 1.0 / lat.mean() if lat.mean() > 0 else math.nan,
         # plain AR timed in the same job, image by image (`lantern sample --in-job-vanilla`): immune to jobs
         # landing on different machines or under different load
-        "speedup_vs_in_job_vanilla": (stats[IN_JOB_VANILLA].mean() / lat.mean()
-                                      if IN_JOB_VANILLA in stats and stats[IN_JOB_VANILLA].notna().all() else math.nan),
+        "speedup_vs_in_job_vanilla": (stats[IN_JOB_REFERENCE].mean() / lat.mean() if IN_JOB_REFERENCE in stats
+                                      and stats[IN_JOB_REFERENCE].notna().all() else math.nan),
         "time_draft_s_per_image": stats["time_draft_s"].mean(),
         "time_verify_s_per_image": stats["time_verify_s"].mean(),
         "time_other_s_per_image": stats["time_other_s"].mean(),
