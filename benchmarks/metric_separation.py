@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from lantern.config import validate_config
+from lantern.config import data_params, evaluate_params, validate_config
 from lantern.data import load_data
 from lantern.errors import UserError
 from lantern.io import atomic_path
@@ -76,15 +76,11 @@ def main() -> None:
         raise UserError(f"{reference} does not exist: run the default pipeline first (make run)")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    data_params = json.dumps({k: v for k, v in cfg["toy"]["data"].items() if k not in ("n_train", "n_val")})
-    seed = cfg["seed"]
-    params = json.dumps({
-        "fidelity": {"extractor": "toyclip", "weights_path": str(clip), "cache_dir": str(out / "metrics/reference_cache")},
-        "clip": {"model": "", "weights_path": str(clip), "prompt_prefix": cfg["metrics"]["prompt_prefix"]},
-    })
+    world_params, seed = json.dumps(data_params(cfg)), cfg["seed"]
+    params = json.dumps(evaluate_params(cfg, str(clip)))  # the sweep's own protocol
 
     # Real images the models never saw.
-    lantern("make-data", "--out", work / "real.pt", "--n", a.n, "--seed", seed, "--start", FAR, "--params", data_params)
+    lantern("make-data", "--out", work / "real.pt", "--n", a.n, "--seed", seed, "--start", FAR, "--params", world_params)
     real_labels, real_captions = dump_pngs(work / "real.pt", work / "real")
     lantern("evaluate", "--images", work / "real/images", "--reference", reference, "--captions", real_labels,
             "--out", work / "real.json", "--params", params)
@@ -92,7 +88,7 @@ def main() -> None:
             "--out", work / "real_full_captions.json", "--params", params)
 
     # An undertrained target of the default size, on the world's own training images.
-    lantern("make-data", "--out", work / "train.pt", "--n", a.train_images, "--seed", seed, "--params", data_params)
+    lantern("make-data", "--out", work / "train.pt", "--n", a.train_images, "--seed", seed, "--params", world_params)
     lantern("tokenize", "--data", work / "train.pt", "--vq", models / "vq.pt", "--out", work / "train_tokens.pt")
     lantern("tokenize", "--data", reference, "--vq", models / "vq.pt", "--out", work / "val_tokens.pt")
     target = work / f"target_{a.steps}steps.pt"

@@ -147,6 +147,30 @@ def expand_methods(cfg: dict) -> dict[str, dict]:
     return points
 
 
+# The noise-free control world: the same shapes, no gradient, texture or pixel noise.
+CLEAN_WORLD = {"background_gradient": False, "texture_amplitude": 0.0, "noise_sigma": 0.0}
+
+
+def data_params(cfg: dict, world: str = "default") -> dict:
+    """`lantern make-data --params` of a toy world (split sizes are separate arguments)."""
+    base = {k: v for k, v in cfg["toy"]["data"].items() if k not in ("n_train", "n_val")}
+    return {**base, **CLEAN_WORLD} if world == "clean" else base
+
+
+def evaluate_params(cfg: dict, clip_weights: str) -> dict:
+    """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall and the CLIP model,
+    `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt)."""
+    m = cfg["metrics"]
+    toy_clip = m["clip_model"] == "toy"
+    if m["fid_extractor"] == "clip":
+        fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_weights}
+    else:
+        fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
+    fidelity["cache_dir"] = f"{cfg['outdir']}/metrics/reference_cache"
+    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights, "prompt_prefix": m["prompt_prefix"]}
+    return {"fidelity": fidelity, "clip": clip}
+
+
 def point_name(spec: dict) -> str:
     parts = [spec["name"], spec.get("drafting", "chain")]
     if spec.get("drafting", "chain") == "chain":

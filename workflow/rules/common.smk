@@ -4,7 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.config import expand_methods, validate_config
+from lantern.config import data_params, evaluate_params, expand_methods, validate_config
 from lantern.errors import UserError
 
 
@@ -27,8 +27,6 @@ WORLDS = ["default", "clean"] if TOY and config["toy"]["clean_world"] else ["def
 POINTS = expand_methods(config)
 MODES = config["sweep"]["modes"]
 SHARDS = range(config["sweep"]["shards"])
-# The noise-free control world: the same shapes, no gradient, texture or pixel noise.
-CLEAN_WORLD = {"background_gradient": False, "texture_amplitude": 0.0, "noise_sigma": 0.0}
 # Rules call the `lantern` console scripts. When no environment providing them is active (`.venv/bin/snakemake`
 # run directly), jobs find them beside the interpreter running Snakemake: appended, so an activated environment or
 # a rule's conda environment (--use-conda) comes first.
@@ -46,11 +44,6 @@ wildcard_constraints:
 def as_arg(obj):
     """A JSON value as one shell-quoted argument (for --params / --method)."""
     return shlex.quote(json.dumps(obj, sort_keys=True))
-
-
-def data_params(world):
-    base = {k: v for k, v in config["toy"]["data"].items() if k not in ("n_train", "n_val")}
-    return {**base, **CLEAN_WORLD} if world == "clean" else base
 
 
 def toy_model(world, name):
@@ -114,18 +107,6 @@ def optional(flag, inputs, key):
 
 def clip_ckpt():
     return toy_model("default", "clip") if config["metrics"]["clip_model"] == "toy" else config["metrics"]["clip_ckpt"]
-
-
-def evaluate_params():
-    m = config["metrics"]
-    toy_clip = m["clip_model"] == "toy"
-    if m["fid_extractor"] == "clip":
-        fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_ckpt()}
-    else:
-        fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
-    fidelity["cache_dir"] = f"{OUT}/metrics/reference_cache"
-    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_ckpt(), "prompt_prefix": m["prompt_prefix"]}
-    return {"fidelity": fidelity, "clip": clip}
 
 
 def reference_images():

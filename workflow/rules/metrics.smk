@@ -40,7 +40,7 @@ rule evaluate:
     params:
         images=lambda w, input: " ".join(f"{s}/images" for s in input.shards),
         captions=lambda w, input: " ".join(f"{s}/stats.csv" for s in input.shards),
-        p=as_arg(evaluate_params()),
+        p=as_arg(evaluate_params(config, clip_ckpt())),
     conda:
         "../../environment.yml"
     shell:

@@ -11,7 +11,7 @@ rule toy_data:
     params:
         n=lambda w: config["toy"]["data"]["n_train" if w.split == "train" else "n_val"],
         start=lambda w: 0 if w.split == "train" else config["toy"]["data"]["n_train"],
-        data=lambda w: as_arg(data_params(w.world)),
+        data=lambda w: as_arg(data_params(config, w.world)),
         seed=config["seed"],
     conda:
         "../../environment.yml"
