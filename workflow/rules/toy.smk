@@ -92,7 +92,7 @@ if TRAIN_TOY:
             f"{OUT}/logs/train_gpt/{{world}}.log",
         benchmark:
             f"{OUT}/benchmarks/train_gpt/{{world}}.tsv"
-        threads: 1
+        threads: 2
         params:
             p=as_arg(config["toy"]["target"]),
         conda:
