@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.config import expand_methods, validate_config
+from lantern.config import data_params, expand_methods, target_params, validate_config
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +50,15 @@ def test_defaults_are_filled_and_grid_expands():
         "lantern-chain-g4-d0.1-k5", "lantern-chain-g4-d0.1-k10", "lantern-chain-g4-d0.2-k5", "lantern-chain-g4-d0.2-k10",
     ])
     assert points["vanilla-control"]["seed"] != points["vanilla"]["seed"]
+
+
+def test_clean_world_overrides_only_its_own_keys():
+    cfg = validate_config({"toy": {"data": {"noise_sigma": 0.08, "n_train": 10}, "target": {"steps": 4000, "dim": 96},
+                                   "clean_target": {"steps": 600}}})
+    assert target_params(cfg, "default") == {"steps": 4000, "dim": 96}
+    assert target_params(cfg, "clean") == {"steps": 600, "dim": 96}
+    assert data_params(cfg, "default") == {"noise_sigma": 0.08}
+    assert data_params(cfg, "clean")["noise_sigma"] == 0.0
 
 
 def test_shipped_configs_are_valid():

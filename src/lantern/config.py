@@ -157,6 +157,12 @@ def data_params(cfg: dict, world: str = "default") -> dict:
     return {**base, **CLEAN_WORLD} if world == "clean" else base
 
 
+def target_params(cfg: dict, world: str = "default") -> dict:
+    """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world."""
+    base = dict(cfg["toy"]["target"])
+    return {**base, **cfg["toy"]["clean_target"]} if world == "clean" else base
+
+
 def evaluate_params(cfg: dict, clip_weights: str) -> dict:
     """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall and the CLIP model,
     `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt)."""

@@ -4,7 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.config import data_params, evaluate_params, expand_methods, validate_config
+from lantern.config import data_params, evaluate_params, expand_methods, target_params, validate_config
 from lantern.errors import UserError
 
 

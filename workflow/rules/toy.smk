@@ -94,7 +94,7 @@ if TRAIN_TOY:
             f"{OUT}/benchmarks/train_gpt/{{world}}.tsv"
         threads: 2
         params:
-            p=as_arg(config["toy"]["target"]),
+            p=lambda w: as_arg(target_params(config, w.world)),
         conda:
             "../../environment.yml"
         shell:

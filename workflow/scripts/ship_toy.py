@@ -1,13 +1,14 @@
 """Copy toy-world checkpoints trained by the pipeline (toy.checkpoints: train) into models/toy/, with a manifest.
 
-    python workflow/scripts/ship_toy.py <train outdir> models/toy
+    python workflow/scripts/ship_toy.py <train outdir> models/toy [default] [clean]   (no world: both)
 
-The manifest records the command that trained them, the resolved toy config, the seed, the git commit and the
-SHA-256 of every file, so the shipped files can be checked against a retraining. Weights are stored rounded to
+The manifest records, per world, the command that trained its files, the resolved toy config, the seed, the git
+commit and the SHA-256 of every file; shipping one world keeps the other world's entry as it was. Weights are stored rounded to
 float16 (halves the repository's size; every loader casts them back to the model's dtype): a retraining
 reproduces the shipped files after the same rounding.
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -43,26 +44,42 @@ def ship(source: Path, target: Path) -> None:
     save_torch(rounded(torch.load(source, map_location="cpu", weights_only=True)), target)
 
 
-def main(src: str, dst: str) -> None:
+def world_entry(src: str, dst: str, world: str, cfg: dict, commit: str) -> dict:
+    """Ship one world's files; its manifest entry says how they were made, so one world can be retrained alone."""
+    (Path(dst) / world).mkdir(parents=True, exist_ok=True)
+    sha = {}
+    for name in FILES[world]:
+        target = Path(dst) / world / name
+        ship(Path(src) / "toy" / world / "models" / name, target)
+        sha[name] = sha256_file(target)
+    outputs = " ".join(f"{src}/toy/{world}/models/{name}" for name in FILES[world] if name.endswith(".pt"))
+    return {
+        "command": ".venv/bin/snakemake --cores 2 --config toy='{\"checkpoints\": \"train\"}' outdir=" + src
+        + f" -- {outputs}; python workflow/scripts/ship_toy.py {src} {dst} {world}",
+        "config_toy": cfg["toy"], "seed": cfg["seed"], "git_commit": commit, "sha256": sha,
+    }
+
+
+def main(src: str, dst: str, *worlds: str) -> None:
+    worlds = worlds or tuple(FILES)
+    if unknown := set(worlds) - set(FILES):
+        sys.exit(f"ship_toy.py: unknown world(s) {sorted(unknown)}; choose from {sorted(FILES)}")
+    missing = [f"{src}/toy/{w}/models/{n}" for w in worlds for n in FILES[w] if not (Path(src) / "toy" / w / "models" / n).is_file()]
+    if missing:
+        sys.exit(f"ship_toy.py: {missing[0]} does not exist; train it first (see the command in the docstring)")
     root = Path(__file__).resolve().parents[2]
     cfg = validate_config(yaml.safe_load((root / "config" / "config.yaml").read_text()))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
-    files = {}
-    for world, names in FILES.items():
-        (Path(dst) / world).mkdir(parents=True, exist_ok=True)
-        for name in names:
-            source = Path(src) / "toy" / world / "models" / name
-            target = Path(dst) / world / name
-            ship(source, target)
-            files[f"{world}/{name}"] = sha256_file(target)
-    write_json(Path(dst) / "MANIFEST.json", {
-        "command": ".venv/bin/snakemake --cores 2 --config toy='{\"checkpoints\": \"train\"}' outdir=" + src
-        + " --until train_drafter train_clip ambiguity; python workflow/scripts/ship_toy.py " + f"{src} {dst}",
-        "config_toy": cfg["toy"], "seed": cfg["seed"], "git_commit": commit, "weights": "float16 (rounded by ship_toy.py)",
-        "sha256": files,
-    })
-    print(f"shipped {len(files)} files to {dst}")
+    manifest_path = Path(dst) / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    entries = manifest.get("worlds", {})
+    for world in worlds:
+        entries[world] = world_entry(src, dst, world, cfg, commit)
+    write_json(manifest_path, {"weights": "float16 (rounded by ship_toy.py)", "worlds": entries})
+    print(f"shipped {sum(len(FILES[w]) for w in worlds)} files of {', '.join(worlds)} to {dst}")
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit("usage: python workflow/scripts/ship_toy.py <train outdir> models/toy [default] [clean]")
     main(*sys.argv[1:])
