@@ -3,9 +3,9 @@
     python workflow/scripts/ship_toy.py <train outdir> models/toy [default] [clean]   (no world: both)
 
 The manifest records, per world, the command that trained its files, the resolved toy config, the seed, the git
-commit and the SHA-256 of every file; shipping one world keeps the other world's entry as it was. Weights are stored rounded to
-float16 (halves the repository's size; every loader casts them back to the model's dtype): a retraining
-reproduces the shipped files after the same rounding.
+commit and the SHA-256 of every file; shipping one world keeps the other world's entry as it was. Weights are
+stored rounded to float16 (halves the repository's size; every loader casts them back to the model's dtype), so a
+retraining at the recorded commit is compared with the shipped files after the same rounding.
 """
 
 import json
@@ -64,9 +64,10 @@ def main(src: str, dst: str, *worlds: str) -> None:
     worlds = worlds or tuple(FILES)
     if unknown := set(worlds) - set(FILES):
         sys.exit(f"ship_toy.py: unknown world(s) {sorted(unknown)}; choose from {sorted(FILES)}")
-    missing = [f"{src}/toy/{w}/models/{n}" for w in worlds for n in FILES[w] if not (Path(src) / "toy" / w / "models" / n).is_file()]
+    missing = next((f"{src}/toy/{w}/models/{n}" for w in worlds for n in FILES[w]
+                    if not (Path(src) / "toy" / w / "models" / n).is_file()), None)
     if missing:
-        sys.exit(f"ship_toy.py: {missing[0]} does not exist; train it first (see the command in the docstring)")
+        sys.exit(f"ship_toy.py: {missing} does not exist; train it first (see the command in the docstring)")
     root = Path(__file__).resolve().parents[2]
     cfg = validate_config(yaml.safe_load((root / "config" / "config.yaml").read_text()))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
