@@ -6,7 +6,9 @@ Every failure is one UserError line naming the key and the fix, raised before an
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -58,12 +60,60 @@ def as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def vq_codebook_rows(path: str) -> int:
+    """Codes in a VQ checkpoint (upstream {"model": sd} or ours), read without building the model."""
+    import torch
+
+    from .checkpoint import extract_state_dict
+
+    try:  # mmap: a 288 MB upstream file is not read just to learn one shape
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise UserError(f"config: llamagen.vq_ckpt = {path} is unreadable (not a torch file?): {type(e).__name__}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"config: llamagen.vq_ckpt = {path} holds a {type(obj).__name__}, not a VQ state dict")
+    weight = extract_state_dict(obj, path).get("quantize.embedding.weight")
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        raise UserError(f"config: llamagen.vq_ckpt = {path} has no quantize.embedding.weight; is it a VQ tokenizer file?")
+    return int(weight.shape[0])
+
+
 def codebook_size(cfg: dict) -> int:
     if cfg["world"] == "llamagen":
-        return LLAMAGEN_CODEBOOK
+        path = cfg["llamagen"]["vq_ckpt"]
+        return vq_codebook_rows(path) if path and Path(path).is_file() else LLAMAGEN_CODEBOOK
     from .train_vq import VQParams
 
     return int(cfg["toy"]["vq"].get("codebook_size", VQParams().codebook_size))
+
+
+def _fill_llamagen(cfg: dict) -> None:
+    """Defaults that depend on the model type: one condition token for c2i, 120 caption positions for t2i."""
+    lg = cfg["llamagen"]
+    t2i = lg["model_type"] == "t2i"
+    lg.setdefault("cls_token_num", 120 if t2i else 1)
+    lg["drafter"].setdefault("layout", "captions" if t2i else "classes")
+
+
+def image_tokens(cfg: dict) -> int:
+    lg = cfg["llamagen"]
+    return (lg["image_size"] // lg["downsample"]) ** 2
+
+
+def target_spec(cfg: dict) -> dict:
+    """The llamagen target as data (`--target-spec` of every job that loads it; checked against the file's tensors)."""
+    lg = cfg["llamagen"]
+    spec = {"model_type": lg["model_type"], "gpt_size": lg["gpt_size"], "image_tokens": image_tokens(cfg),
+            "cls_token_num": lg["cls_token_num"]}
+    if lg["model_type"] == "c2i":
+        spec["num_classes"] = lg["num_classes"]
+    return spec
+
+
+def drafter_source(cfg: dict) -> str:
+    """Where the llamagen world's drafter comes from: a ready file, the authors' release, or training."""
+    lg = cfg["llamagen"]
+    return "file" if lg["drafter_ckpt"] else "authors" if lg["authors_drafter"] else "train"
 
 
 def _check_methods(cfg: dict) -> None:
@@ -97,24 +147,86 @@ def _check_methods(cfg: dict) -> None:
                     raise UserError(f"config: {where}.gamma = {v} must be a positive integer")
 
 
+def _require_file(key: str, value: str) -> None:
+    if not value:
+        raise UserError(f"config: {key} is empty; set it to the file on disk")
+    if not Path(value).is_file():
+        raise UserError(f"config: {key} = {value} does not exist; place the file there or fix the path")
+
+
+def _require_folder(key: str, value: str, what: str) -> None:
+    if not Path(value).is_dir():
+        raise UserError(f"config: {key} = {value} is not a folder; point it at {what}")
+
+
+def _check_llamagen(cfg: dict) -> None:
+    """The llamagen world: its files exist (in the order a run needs them) and its keys agree with each other."""
+    lg = cfg["llamagen"]
+    t2i = lg["model_type"] == "t2i"
+    if lg["image_size"] % lg["downsample"]:
+        raise UserError(f"config: llamagen.image_size = {lg['image_size']} is not a multiple of llamagen.downsample")
+    if not t2i and lg["cls_token_num"] != 1:
+        raise UserError(f"config: llamagen.cls_token_num = {lg['cls_token_num']}, but a c2i model has one condition "
+                        "token; remove the key or set it to 1")
+    _require_file("llamagen.gpt_ckpt", lg["gpt_ckpt"])
+    _require_file("llamagen.vq_ckpt", lg["vq_ckpt"])
+    if t2i:
+        if lg["t5"]["max_length"] != lg["cls_token_num"]:
+            raise UserError(f"config: llamagen.t5.max_length = {lg['t5']['max_length']} must equal "
+                            f"llamagen.cls_token_num = {lg['cls_token_num']} (upstream: both 120)")
+        prompts, t5 = lg["prompts"], lg["t5"]
+        if prompts["file"]:
+            _require_file("llamagen.prompts.file", prompts["file"])
+        elif prompts["coco_captions"]:
+            _require_file("llamagen.prompts.coco_captions", prompts["coco_captions"])
+        else:
+            raise UserError("config: a t2i run needs prompts: set llamagen.prompts.file (CSV/JSONL of id, caption) "
+                            "or llamagen.prompts.coco_captions (captions_val2017.json)")
+        if t5["path"]:
+            _require_folder("llamagen.t5.path", t5["path"], "a local flan-t5-xl folder (config, weights, tokenizer)")
+        elif t5["features"]:
+            _require_folder("llamagen.t5.features", t5["features"], "a folder of precomputed <id>.npy caption features")
+        else:
+            raise UserError("config: a t2i run needs caption features: set llamagen.t5.path (a local flan-t5-xl "
+                            "folder) or llamagen.t5.features (precomputed <id>.npy files)")
+    if not any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
+        return
+    source = drafter_source(cfg)
+    if source == "file":
+        _require_file("llamagen.drafter_ckpt", lg["drafter_ckpt"])
+    elif source == "authors":
+        if not Path(lg["authors_drafter"]).exists():
+            raise UserError(f"config: llamagen.authors_drafter = {lg['authors_drafter']} does not exist; place the "
+                            "authors' drafter folder (or file) there or fix the path")
+    elif not lg["drafter"]["images"]:
+        raise UserError("config: speculative methods need a drafter: set llamagen.drafter_ckpt, "
+                        "llamagen.authors_drafter, or llamagen.drafter.images (a folder to train one on)")
+    else:
+        _require_folder("llamagen.drafter.images", lg["drafter"]["images"],
+                        "class folders (c2i) or images with captions.csv (t2i) to train a drafter on")
+
+
 def _check_paths(cfg: dict) -> None:
     if cfg["metrics"]["fid_extractor"] == "clip" and cfg["metrics"]["clip_model"] != "toy":
         raise UserError("config: metrics.fid_extractor = clip uses the toy CLIP's image tower; with a published CLIP "
                         "set metrics.fid_extractor: inception-v3-compat and metrics.inception_weights")
-    required = []
     if cfg["world"] == "llamagen":
-        required += [("llamagen.gpt_ckpt", cfg["llamagen"]["gpt_ckpt"]), ("llamagen.vq_ckpt", cfg["llamagen"]["vq_ckpt"])]
-        if any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
-            required.append(("llamagen.drafter_ckpt", cfg["llamagen"]["drafter_ckpt"]))
-    if cfg["metrics"]["fid_extractor"] == "inception-v3-compat":
-        required.append(("metrics.inception_weights", cfg["metrics"]["inception_weights"]))
-    if cfg["metrics"]["clip_model"] != "toy":
-        required.append(("metrics.clip_ckpt", cfg["metrics"]["clip_ckpt"]))
-    for key, value in required:
-        if not value:
-            raise UserError(f"config: {key} is empty; set it to the checkpoint file on disk")
-        if not Path(value).is_file():
-            raise UserError(f"config: {key} = {value} does not exist; download the file there or fix the path")
+        _check_llamagen(cfg)
+    m = cfg["metrics"]
+    if cfg["world"] == "llamagen":
+        if not m["reference"]:
+            raise UserError("config: metrics.reference is empty; a llamagen run needs real images for FID: a folder "
+                            "(e.g. COCO val2017) or an .npz of FID statistics")
+        if not Path(m["reference"]).exists():
+            raise UserError(f"config: metrics.reference = {m['reference']} does not exist; fix the path")
+    if m["fid_extractor"] == "inception-v3-compat":
+        _require_file("metrics.inception_weights", m["inception_weights"])
+    if m["vgg16_weights"]:
+        _require_file("metrics.vgg16_weights", m["vgg16_weights"])
+    if m["clip_model"] != "toy":
+        _require_file("metrics.clip_ckpt", m["clip_ckpt"])
+    if m["class_names"] not in ("toy", "imagenet"):
+        _require_file("metrics.class_names", m["class_names"])
 
 
 def validate_config(config: dict, schema: dict | None = None) -> dict:
@@ -125,8 +237,9 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise _schema_error(jsonschema.exceptions.best_match(errors))
-    _check_methods(cfg)
+    _fill_llamagen(cfg)
     _check_paths(cfg)
+    _check_methods(cfg)
     return cfg
 
 
@@ -177,12 +290,18 @@ def evaluate_params(cfg: dict, clip_weights: str) -> dict:
     return {"fidelity": fidelity, "clip": clip}
 
 
+def _digest(obj) -> str:
+    """8 hex digits naming a custom value (a tree's rank paths) in a point name."""
+    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:8]
+
+
 def point_name(spec: dict) -> str:
     parts = [spec["name"], spec.get("drafting", "chain")]
     if spec.get("drafting", "chain") == "chain":
         parts.append(f"g{spec['gamma']}")
     elif spec["drafting"] == "static":
-        parts.append(spec.get("tree", "naive_extend_57"))
+        tree = spec.get("tree", "naive_extend_57")
+        parts.append(tree if isinstance(tree, str) else f"custom{_digest(tree)}")
         if spec.get("tree") == "chain":
             parts.append(f"g{spec['gamma']}")
     else:
@@ -190,9 +309,19 @@ def point_name(spec: dict) -> str:
     for key, tag in (("delta", "d"), ("lam", "l"), ("k", "k")):
         if key in spec:
             parts.append(f"{tag}{spec[key]}")
-    if spec["name"] == "lantern" and spec.get("residual", "bounded") != "bounded":
+    if spec["name"] in ("lantern", "lanternpp") and spec.get("residual", "bounded") != "bounded":
         parts.append(spec["residual"])
     return "-".join(map(str, parts))
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """Merge `over` into `base` as Snakemake merges --configfile files: nested mappings key by key, others replaced."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_config(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
 
 
 def main(argv: list[str]) -> None:
@@ -203,6 +332,14 @@ def main(argv: list[str]) -> None:
     for path in argv:
         if not Path(path).is_file():
             raise UserError(f"config file {path} does not exist")
-        merged.update(yaml.safe_load(Path(path).read_text()) or {})
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise UserError(f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(loaded, dict):
+            raise UserError(f"config file {path} holds a {type(loaded).__name__}; a config is a mapping of keys")
+        merge_config(merged, loaded)
     cfg = validate_config(merged)
     print(f"config OK: {len(expand_methods(cfg))} sweep points x {len(cfg['sweep']['modes'])} modes", file=sys.stdout)

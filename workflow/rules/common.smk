@@ -4,7 +4,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.config import data_params, evaluate_params, expand_methods, target_params, validate_config
+from lantern.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
+                            validate_config)
 from lantern.errors import UserError
 
 
@@ -16,6 +17,11 @@ def validate(cfg):
         sys.exit(f"error: {e}")
     cfg.clear()
     cfg.update(checked)
+
+
+def as_arg(obj):
+    """A JSON value as one shell-quoted argument (for --params / --method)."""
+    return shlex.quote(json.dumps(obj, sort_keys=True))
 
 
 validate(config)
@@ -41,27 +47,33 @@ wildcard_constraints:
     shard=r"\d+",
 
 
-def as_arg(obj):
-    """A JSON value as one shell-quoted argument (for --params / --method)."""
-    return shlex.quote(json.dumps(obj, sort_keys=True))
-
-
 def toy_model(world, name):
     if TRAIN_TOY:
         return f"{OUT}/toy/{world}/models/{name}.pt"
     return str(SHIPPED / world / f"{name}.pt")
 
 
+LLAMAGEN = config["llamagen"]
+T2I = not TOY and LLAMAGEN["model_type"] == "t2i"
+# Every job that loads the llamagen target gets the config's view of it, checked against the file's tensors.
+SPEC_ARG = "" if TOY else f"--target-spec {as_arg(target_spec(config))}"
+
+
 def target_ckpt():
-    return toy_model("default", "target") if TOY else config["llamagen"]["gpt_ckpt"]
+    return toy_model("default", "target") if TOY else LLAMAGEN["gpt_ckpt"]
 
 
 def vq_ckpt():
-    return toy_model("default", "vq") if TOY else config["llamagen"]["vq_ckpt"]
+    return toy_model("default", "vq") if TOY else LLAMAGEN["vq_ckpt"]
 
 
 def drafter_ckpt():
-    return toy_model("default", "drafter") if TOY else config["llamagen"]["drafter_ckpt"]
+    if TOY:
+        return toy_model("default", "drafter")
+    source = drafter_source(config)
+    if source == "file":
+        return LLAMAGEN["drafter_ckpt"]
+    return f"{OUT}/llamagen/drafter/{'converted' if source == 'authors' else 'trained'}.pt"
 
 
 def threads_arg(threads):
@@ -89,6 +101,8 @@ def generate_inputs(wildcards):
         inputs["drafter"] = drafter_ckpt()
     if method["name"] in ("lantern", "lanternpp"):
         inputs["neighbours"] = neighbours_table()
+    if T2I:
+        inputs["captions"] = f"{OUT}/llamagen/captions/shard{wildcards.shard}.pt"
     return inputs
 
 
@@ -99,7 +113,7 @@ def shard_range(shard):
 
 
 def optional(flag, inputs, key):
-    return f"{flag} {inputs[key]}" if key in inputs.keys() else ""
+    return f"{flag} {shlex.quote(inputs[key])}" if key in inputs.keys() else ""
 
 
 # --- metrics (metrics.smk) ---
@@ -110,7 +124,7 @@ def clip_ckpt():
 
 
 def reference_images():
-    return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"].get("reference", "")
+    return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"]["reference"]
 
 
 # --- figures (figures.smk) ---

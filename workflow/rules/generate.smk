@@ -22,6 +22,7 @@ rule generate:
         dtype=config["dtype"],
         extra=lambda w, input: " ".join(
             filter(None, [optional("--drafter", input, "drafter"), optional("--neighbours", input, "neighbours"),
+                          optional("--captions", input, "captions"), SPEC_ARG,
                           "--in-job-vanilla" if config["sweep"]["in_job_vanilla"] else ""])
         ),
     conda:

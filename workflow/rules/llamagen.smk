@@ -1,0 +1,137 @@
+# The real-model world (world: llamagen): prompts -> T5 caption features per generation shard (t2i), and the
+# drafter of a published target: the authors' release converted, or trained as they did on real images
+# (class folders or captioned images -> centre crop -> VQ codes (+ caption features) -> teacher-forced training).
+DRAFTER = LLAMAGEN["drafter"]
+DRAFTER_SHARDS = range(DRAFTER["shards"])
+T5 = LLAMAGEN["t5"]
+T5_SOURCE = f"--t5 {shlex.quote(T5['path'])} --dtype {T5['dtype']}" if T5["path"] else f"--features {shlex.quote(T5['features'])}"
+
+
+def prompt_source():
+    prompts = LLAMAGEN["prompts"]
+    return f"--file {shlex.quote(prompts['file'])}" if prompts["file"] else f"--coco {shlex.quote(prompts['coco_captions'])}"
+
+
+def drafter_shard_range(shard):
+    n, S = DRAFTER["n_images"], DRAFTER["shards"]
+    return int(shard) * n // S, (int(shard) + 1) * n // S
+
+
+rule prompts:
+    output:
+        f"{OUT}/llamagen/prompts.csv",
+    log:
+        f"{OUT}/logs/llamagen/prompts.log",
+    params:
+        source=prompt_source(),
+        n=config["sweep"]["n_images"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern prompts {params.source} --n {params.n} --out {output:q} > {log:q} 2>&1"
+
+
+# One caption-feature file per generation shard, over the same image range, so a shard's job reads only its own.
+rule caption_features:
+    input:
+        f"{OUT}/llamagen/prompts.csv",
+    output:
+        f"{OUT}/llamagen/captions/shard{{shard}}.pt",
+    log:
+        f"{OUT}/logs/llamagen/captions/shard{{shard}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/llamagen/captions/shard{{shard}}.tsv"
+    params:
+        start=lambda w: shard_range(w.shard)[0],
+        end=lambda w: shard_range(w.shard)[1],
+        source=T5_SOURCE,
+        device=config["device"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern-gpu-run lantern encode-captions --prompts {input:q} --start {params.start} --end {params.end}"
+        " {params.source} --max-length {T5[max_length]} --device {params.device} --out {output:q} > {log:q} 2>&1"
+
+
+rule drafter_images:
+    input:
+        vq=vq_ckpt(),
+    output:
+        tokens=f"{OUT}/llamagen/drafter/data/shard{{shard}}.pt",
+        captions=f"{OUT}/llamagen/drafter/data/shard{{shard}}.csv",
+    log:
+        f"{OUT}/logs/llamagen/drafter_images/shard{{shard}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/llamagen/drafter_images/shard{{shard}}.tsv"
+    params:
+        start=lambda w: drafter_shard_range(w.shard)[0],
+        end=lambda w: drafter_shard_range(w.shard)[1],
+        images=shlex.quote(DRAFTER["images"]),
+        device=config["device"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern-gpu-run lantern encode-images --images {params.images} --layout {DRAFTER[layout]} --vq {input.vq:q}"
+        " --image-size {LLAMAGEN[image_size]} --start {params.start} --end {params.end} --out {output.tokens:q}"
+        " --captions-out {output.captions:q} --device {params.device} > {log:q} 2>&1"
+
+
+rule drafter_caption_features:
+    input:
+        f"{OUT}/llamagen/drafter/data/shard{{shard}}.csv",
+    output:
+        f"{OUT}/llamagen/drafter/data/features{{shard}}.pt",
+    log:
+        f"{OUT}/logs/llamagen/drafter_captions/shard{{shard}}.log",
+    params:
+        source=T5_SOURCE,
+        device=config["device"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern-gpu-run lantern encode-captions --prompts {input:q} {params.source} --max-length {T5[max_length]}"
+        " --device {params.device} --out {output:q} > {log:q} 2>&1"
+
+
+def drafter_training_inputs(wildcards):
+    inputs = {"target": target_ckpt(), "tokens": expand(f"{OUT}/llamagen/drafter/data/shard{{j}}.pt", j=DRAFTER_SHARDS)}
+    if T2I:
+        inputs["features"] = expand(f"{OUT}/llamagen/drafter/data/features{{j}}.pt", j=DRAFTER_SHARDS)
+    return inputs
+
+
+rule train_drafter:
+    input:
+        unpack(drafter_training_inputs),
+    output:
+        f"{OUT}/llamagen/drafter/trained.pt",
+    log:
+        f"{OUT}/logs/llamagen/train_drafter.log",
+    benchmark:
+        f"{OUT}/benchmarks/llamagen/train_drafter.tsv"
+    threads: 2
+    params:
+        p=lambda w, threads: as_arg({**DRAFTER["train"], "threads": threads_arg(threads)}),
+        features=lambda w, input: " ".join(["--caption-features", *map(shlex.quote, input.features)]) if T2I else "",
+        tokens=lambda w, input: " ".join(map(shlex.quote, input.tokens)),
+        device=config["device"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern-gpu-run lantern train-drafter --target {input.target:q} {SPEC_ARG} --tokens {params.tokens}"
+        " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
+
+
+rule convert_drafter:
+    input:
+        src=LLAMAGEN["authors_drafter"] or "none",
+        target=target_ckpt(),
+    output:
+        f"{OUT}/llamagen/drafter/converted.pt",
+    log:
+        f"{OUT}/logs/llamagen/convert_drafter.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern convert --kind drafter --src {input.src:q} --target {input.target:q} {SPEC_ARG} --out {output:q}"
+        " > {log:q} 2>&1"
