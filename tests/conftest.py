@@ -37,7 +37,7 @@ def smoke_cmd(workdir: Path, *args: str, targets: tuple[str, ...] = (), overlay:
             "--directory", str(workdir), *args, *targets, "--configfile", *configs]
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_logged(cmd: list[str], log: Path, timeout: float = 3600) -> subprocess.CompletedProcess:
     with open(log, "w") as out:
         return subprocess.run(cmd, cwd=REPO, env=snakemake_env(), stdout=out, stderr=subprocess.STDOUT,
                               timeout=timeout)

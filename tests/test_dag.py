@@ -62,7 +62,7 @@ def test_smoke_dag_makes_every_table_and_figure(smoke_run, tmp_path):
 
     report = tmp_path / "report.html"
     log = tmp_path / "report.log"
-    r = run_logged(smoke_cmd(smoke_run.workdir, "--report", str(report)), log, timeout=300)
+    r = run_logged(smoke_cmd(smoke_run.workdir, "--report", str(report)), log, timeout=3600)
     assert r.returncode == 0, tail(log)
     assert report.stat().st_size > 100_000
 
