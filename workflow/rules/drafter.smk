@@ -15,7 +15,7 @@ rule neighbours:
     conda:
         "../../environment.yml"
     shell:
-        "lantern neighbours --vq {input.vq} --out {output} --params {params.p} > {log} 2>&1"
+        "lantern neighbours --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
 
 
 if TRAIN_TOY:
@@ -37,5 +37,5 @@ if TRAIN_TOY:
         conda:
             "../../environment.yml"
         shell:
-            "lantern-gpu-run lantern train-drafter --target {input.target} --tokens {input.tokens} --out {output}"
-            " --device {params.device} --params {params.p} > {log} 2>&1"
+            "lantern-gpu-run lantern train-drafter --target {input.target:q} --tokens {input.tokens:q} --out {output:q}"
+            " --device {params.device} --params {params.p} > {log:q} 2>&1"

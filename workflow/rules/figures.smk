@@ -16,7 +16,7 @@ rule figure:
     conda:
         "../../environment.yml"
     shell:
-        "lantern figure {wildcards.name} --tables {params.folder} --style {input.style} --out {output} > {log} 2>&1"
+        "lantern figure {wildcards.name} --tables {params.folder:q} --style {input.style:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule figure_samples:
@@ -36,8 +36,8 @@ rule figure_samples:
     conda:
         "../../environment.yml"
     shell:
-        "lantern figure samples --tables {params.folder} --gen {params.gen} --mode {wildcards.mode}"
-        " --params {params.p} --style {input.style} --out {output} > {log} 2>&1"
+        "lantern figure samples --tables {params.folder:q} --gen {params.gen:q} --mode {wildcards.mode}"
+        " --params {params.p} --style {input.style:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule figure_ambiguity:
@@ -50,8 +50,8 @@ rule figure_ambiguity:
     log:
         f"{OUT}/logs/figures/ambiguity.log",
     params:
-        worlds=lambda w, input: " ".join(f"{world}={path}" for world, path in zip(WORLDS, input.steps)),
+        worlds=lambda w, input: " ".join(shlex.quote(f"{world}={path}") for world, path in zip(WORLDS, input.steps)),
     conda:
         "../../environment.yml"
     shell:
-        "lantern figure ambiguity --ambiguity {params.worlds} --style {input.style} --out {output} > {log} 2>&1"
+        "lantern figure ambiguity --ambiguity {params.worlds} --style {input.style:q} --out {output:q} > {log:q} 2>&1"

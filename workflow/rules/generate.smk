@@ -28,7 +28,7 @@ rule generate:
     conda:
         "../../environment.yml"
     shell:
-        "lantern-gpu-run lantern sample --target {input.target} --vq {input.vq} {params.extra}"
+        "lantern-gpu-run lantern sample --target {input.target:q} --vq {input.vq:q} {params.extra}"
         " --method {params.method} --sampling {params.sampling} --mode {wildcards.mode} --seed {params.seed}"
-        " --start {params.start} --end {params.end} --out {output} --device {params.device} --dtype {params.dtype}"
-        " --threads {threads} > {log} 2>&1"
+        " --start {params.start} --end {params.end} --out {output:q} --device {params.device} --dtype {params.dtype}"
+        " --threads {threads} > {log:q} 2>&1"

@@ -21,8 +21,8 @@ if TRAIN_TOY:
         conda:
             "../../environment.yml"
         shell:
-            "lantern train-clip --data {input.data} --vq {input.vq} --out {output.weights} --params {params.p}"
-            " > {log} 2>&1"
+            "lantern train-clip --data {input.data:q} --vq {input.vq:q} --out {output.weights:q} --params {params.p}"
+            " > {log:q} 2>&1"
 
 
 rule evaluate:
@@ -38,11 +38,11 @@ rule evaluate:
         f"{OUT}/benchmarks/evaluate/{{mode}}/{{point}}.tsv"
     threads: 1
     params:
-        images=lambda w, input: " ".join(f"{s}/images" for s in input.shards),
-        captions=lambda w, input: " ".join(f"{s}/stats.csv" for s in input.shards),
+        images=lambda w, input: " ".join(shlex.quote(f"{s}/images") for s in input.shards),
+        captions=lambda w, input: " ".join(shlex.quote(f"{s}/stats.csv") for s in input.shards),
         p=as_arg(evaluate_params(config, clip_ckpt())),
     conda:
         "../../environment.yml"
     shell:
-        "lantern-gpu-run lantern evaluate --images {params.images} --reference {input.reference}"
-        " --captions {params.captions} --out {output} --params {params.p} --threads {threads} > {log} 2>&1"
+        "lantern-gpu-run lantern evaluate --images {params.images} --reference {input.reference:q}"
+        " --captions {params.captions} --out {output:q} --params {params.p} --threads {threads} > {log:q} 2>&1"

@@ -19,4 +19,4 @@ rule tables:
     conda:
         "../../environment.yml"
     shell:
-        "lantern tables --shards {input.shards} --metrics {input.metrics} --out {params.folder} > {log} 2>&1"
+        "lantern tables --shards {input.shards:q} --metrics {input.metrics:q} --out {params.folder:q} > {log:q} 2>&1"

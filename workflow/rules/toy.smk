@@ -16,8 +16,8 @@ rule toy_data:
     conda:
         "../../environment.yml"
     shell:
-        "lantern make-data --out {output} --n {params.n} --start {params.start} --seed {params.seed}"
-        " --params {params.data} > {log} 2>&1"
+        "lantern make-data --out {output:q} --n {params.n} --start {params.start} --seed {params.seed}"
+        " --params {params.data} > {log:q} 2>&1"
 
 
 rule tokenize:
@@ -32,7 +32,7 @@ rule tokenize:
     conda:
         "../../environment.yml"
     shell:
-        "lantern tokenize --data {input.data} --vq {input.vq} --out {output} > {log} 2>&1"
+        "lantern tokenize --data {input.data:q} --vq {input.vq:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule ambiguity:
@@ -56,9 +56,9 @@ rule ambiguity:
     conda:
         "../../environment.yml"
     shell:
-        "lantern ambiguity --target {input.target} --vq {input.vq} --heldout {input.heldout} --out {output.table}"
-        " --steps-out {output.steps} --grid {output.grid} --stats-out {output.stats} --val-images {input.val}"
-        " --params {params.p} --threads {threads} > {log} 2>&1"
+        "lantern ambiguity --target {input.target:q} --vq {input.vq:q} --heldout {input.heldout:q} --out {output.table:q}"
+        " --steps-out {output.steps:q} --grid {output.grid:q} --stats-out {output.stats:q} --val-images {input.val:q}"
+        " --params {params.p} --threads {threads} > {log:q} 2>&1"
 
 
 if TRAIN_TOY:
@@ -79,8 +79,8 @@ if TRAIN_TOY:
         conda:
             "../../environment.yml"
         shell:
-            "lantern train-vq --data {input.data} --val {input.val} --out {output} --params {params.p}"
-            " --threads {threads} > {log} 2>&1"
+            "lantern train-vq --data {input.data:q} --val {input.val:q} --out {output:q} --params {params.p}"
+            " --threads {threads} > {log:q} 2>&1"
 
     rule train_gpt:
         input:
@@ -98,5 +98,5 @@ if TRAIN_TOY:
         conda:
             "../../environment.yml"
         shell:
-            "lantern train-gpt --tokens {input.tokens} --val {input.val} --out {output} --params {params.p}"
-            " --threads {threads} > {log} 2>&1"
+            "lantern train-gpt --tokens {input.tokens:q} --val {input.val:q} --out {output:q} --params {params.p}"
+            " --threads {threads} > {log:q} 2>&1"
