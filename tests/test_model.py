@@ -100,3 +100,24 @@ def test_bad_args_are_user_errors():
         ModelArgs(image_tokens=60)
     with pytest.raises(UserError, match="cls_token_num"):
         ModelArgs(cls_token_num=3)
+
+
+def test_new_t2i_models_take_upstreams_120_caption_tokens():
+    args = ModelArgs(dim=32, n_layer=1, n_head=2, vocab_size=8, model_type="t2i", caption_dim=12, image_tokens=4)
+    assert args.cls_token_num == 120 and ModelArgs().cls_token_num == 1
+    with torch.device("meta"):
+        assert GPT(args).cls_embedding.uncond_embedding.shape == (120, 12)
+        small = GPT(ModelArgs(**{**args.to_dict(), "cls_token_num": 6}))  # tiny test models may use fewer
+    assert small.cls_embedding.uncond_embedding.shape == (6, 12)
+
+
+def test_class_table_has_the_null_row_only_when_asked():
+    base = dict(dim=32, n_layer=1, n_head=2, vocab_size=8, num_classes=5, image_tokens=4)
+    with torch.device("meta"):
+        assert GPT(ModelArgs(**base)).cls_embedding.embedding_table.weight.shape == (6, 32)
+        plain = GPT(ModelArgs(**base, null_class=False, class_dropout_prob=0.0))
+    assert plain.cls_embedding.embedding_table.weight.shape == (5, 32)
+    with pytest.raises(UserError, match="null_class: false needs a c2i model with class_dropout_prob: 0"):
+        ModelArgs(**base, null_class=False)
+    with pytest.raises(UserError, match="null_class: false"):
+        ModelArgs(**{**base, "model_type": "t2i"}, null_class=False, class_dropout_prob=0.0)

@@ -33,7 +33,9 @@ def image_generator(global_seed: int, index: int) -> torch.Generator:
 @dataclass(frozen=True)
 class SamplingParams:
     cfg_scale: float = 1.0
-    cfg_interval: int = -1  # apply CFG only to the first cfg_interval + 1 tokens; -1: always
+    # As upstream LlamaGen: CFG guides image tokens 0 .. cfg_interval + 1 (the prefill's token, then cfg_interval + 1
+    # decode steps) and every later token samples from the cond logits alone; -1: every token.
+    cfg_interval: int = -1
     temperature: float = 1.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
@@ -46,20 +48,32 @@ class SamplingParams:
             raise UserError(f"temperature={self.temperature} must be > 0; use greedy: true for argmax decoding")
         if self.top_k < 0 or not 0 < self.top_p <= 1:
             raise UserError(f"top_k={self.top_k} must be >= 0 and top_p={self.top_p} in (0, 1]")
+        if self.cfg_interval < -1:
+            raise UserError(f"cfg_interval={self.cfg_interval} must be >= -1 (-1 guides every token)")
 
     @property
     def use_cfg(self) -> bool:
         return self.cfg_scale > 1.0
 
 
-def mix_cfg(logits: Tensor, params: SamplingParams, token_index: int) -> Tensor:
-    """Rows are [cond; uncond] when CFG is on; returns the guided cond rows (upstream: l_u + (l_c - l_u) * s)."""
+def mix_cfg(logits: Tensor, params: SamplingParams, token_index: int | Tensor) -> Tensor:
+    """The one CFG arithmetic of every decoder: rows [cond; uncond] -> l_u + (l_c - l_u) * s on the cond rows.
+
+    token_index is the image-token index being sampled (0: the token the prefill predicts), an int for every row or
+    a tensor with one index per position along dim 1 of logits [rows, S, V]. Without CFG the logits pass through.
+    """
     if not params.use_cfg:
         return logits
     cond, uncond = logits.chunk(2, dim=0)
-    if params.cfg_interval > -1 and token_index > params.cfg_interval:
-        return cond
-    return uncond + (cond - uncond) * params.cfg_scale
+    guided = uncond + (cond - uncond) * params.cfg_scale
+    if params.cfg_interval < 0:
+        return guided
+    # Upstream's decode loop step i samples token i + 1 and stops guiding once i > cfg_interval.
+    last_guided = params.cfg_interval + 1
+    if not torch.is_tensor(token_index):
+        return guided if token_index <= last_guided else cond
+    late = token_index.to(logits.device) > last_guided
+    return torch.where(late.view(1, -1, *(1,) * (logits.ndim - 2)), cond, guided)
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -166,7 +180,10 @@ def peak_memory(device: torch.device) -> float:
 
 # -- vanilla autoregressive decoding ------------------------------------------------------------------------------
 def cfg_rows(model: GPT, cond: Tensor, params: SamplingParams, cond_mask: Tensor | None = None):
-    """Condition rows fed to the model: [cond; null cond] under CFG (the upstream batch layout)."""
+    """Condition rows fed to the model: [cond; null cond] under CFG (the upstream batch layout).
+
+    A c2i target without a null class row stops here (GPT.null_cond), before its cache is even allocated.
+    """
     if not params.use_cfg:
         return cond, cond_mask
     rows = torch.cat([cond, model.null_cond(cond.shape[0], cond.device).to(cond.dtype)])

@@ -17,6 +17,10 @@ from torch import Tensor
 from .errors import UserError
 
 
+# Caption positions of LlamaGen t2i (FLAN-T5-XL features), also the rows of its uncond_embedding.
+UPSTREAM_CAPTION_TOKENS = 120
+
+
 def find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - (n % k)
 
@@ -29,15 +33,20 @@ class ModelArgs:
     vocab_size: int = 16384
     num_classes: int = 1000
     model_type: str = "c2i"  # "c2i" (class ids) or "t2i" (caption features)
-    cls_token_num: int = 1  # condition positions T (LlamaGen t2i: 120)
+    # Condition positions T; None: upstream's 1 for c2i, 120 for t2i. A t2i null caption has exactly T rows.
+    cls_token_num: int | None = None
     image_tokens: int = 256  # N, a perfect square (16 x 16 for 256 px with VQ-16)
     caption_dim: int = 2048
     class_dropout_prob: float = 0.1
+    # c2i: the class table has the CFG null row (row num_classes); upstream omits it when trained without dropout.
+    null_class: bool = True
     multiple_of: int = 256
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
 
     def __post_init__(self):
+        if self.cls_token_num is None:
+            object.__setattr__(self, "cls_token_num", 1 if self.model_type == "c2i" else UPSTREAM_CAPTION_TOKENS)
         grid = math.isqrt(self.image_tokens)
         if grid * grid != self.image_tokens:
             raise UserError(f"image_tokens={self.image_tokens} is not a perfect square; use e.g. 64, 256, 1024")
@@ -47,6 +56,11 @@ class ModelArgs:
             raise UserError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
         if self.model_type == "c2i" and self.cls_token_num != 1:
             raise UserError("a class-conditional (c2i) model has exactly one condition token: set cls_token_num: 1")
+        if not self.null_class and (self.model_type == "t2i" or self.class_dropout_prob > 0):
+            raise UserError(
+                "null_class: false needs a c2i model with class_dropout_prob: 0 (dropped classes use the null row, "
+                "and a t2i model always has its null caption)"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -192,10 +206,10 @@ class TransformerBlock(nn.Module):
 
 
 class LabelEmbedder(nn.Module):
-    def __init__(self, num_classes: int, dim: int):
+    def __init__(self, num_classes: int, dim: int, null_class: bool):
         super().__init__()
-        # Row num_classes is the CFG null class.
-        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+        # Row num_classes, when present, is the CFG null class.
+        self.embedding_table = nn.Embedding(num_classes + int(null_class), dim)
 
     def forward(self, labels: Tensor) -> Tensor:
         return self.embedding_table(labels).unsqueeze(1)
@@ -220,7 +234,7 @@ class GPT(nn.Module):
         super().__init__()
         self.args = args
         if args.model_type == "c2i":
-            self.cls_embedding = LabelEmbedder(args.num_classes, args.dim)
+            self.cls_embedding = LabelEmbedder(args.num_classes, args.dim, args.null_class)
         else:
             self.cls_embedding = CaptionEmbedder(args.caption_dim, args.dim, args.cls_token_num)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
@@ -249,14 +263,31 @@ class GPT(nn.Module):
 
     # -- embeddings -------------------------------------------------------------------------------------------
     def null_cond(self, batch: int, device=None) -> Tensor:
-        """The CFG unconditional condition: the null class id, or the null caption features."""
+        """The CFG unconditional condition: the null class id, or the null caption features.
+
+        Every CFG path (the decoders through generate.cfg_rows, the analyses) comes through here, so a c2i model
+        without a null row stops here, before any forward pass.
+        """
         device = device or self.output.weight.device
         if self.args.model_type == "c2i":
+            if not self.args.null_class:
+                raise UserError(
+                    f"the target checkpoint has no null class row (its class table has {self.args.num_classes} rows: "
+                    "trained without class dropout), so it cannot run classifier-free guidance; "
+                    "set sampling.cfg_scale: 1"
+                )
             return torch.full((batch,), self.args.num_classes, dtype=torch.long, device=device)
         return self.cls_embedding.uncond_embedding.expand(batch, -1, -1).clone()
 
     def drop_cond(self, cond: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
         """Replace conditions by the null condition with probability p (classifier-free guidance training)."""
+        if p == 0:  # what lets a model without a null row train a drafter
+            return cond
+        if self.args.model_type == "c2i" and not self.args.null_class:
+            raise UserError(
+                f"condition dropout (p={p}) needs a null class row, which this c2i checkpoint lacks; "
+                "use it with class_dropout_prob: 0"
+            )
         drop = torch.rand(cond.shape[0], device=cond.device, generator=generator) < p
         null = self.null_cond(cond.shape[0], cond.device)
         if self.args.model_type == "c2i":
