@@ -349,3 +349,110 @@ def test_reference_tree_siblings_get_no_shared_budget():
     assert sibling_budget(torch.ones(5) / 5, bounded) is None  # sampled siblings: per-draft delta
     assert tv(emitted_siblings(p, None, [0, 1], table, bounded), p) <= 0.05 + 1e-12
     assert tv(emitted_siblings(p, None, [0, 1], table, reference), p) > 0.05 + 1e-3
+
+
+# -- the reference residual, case by case against the authors' code (jadohu/LANTERN ea_model_llamagen.py) ---------
+REF = AcceptRule("lantern", delta=0.03, k=2, residual="reference")  # on P6 / T6, x = 0 borrows p(3): m* = 1, c = 0.02
+
+
+def test_reference_dynamic_siblings_by_hand():
+    """evaluate_posterior (q = 1): gtp[x] = 0 and, relaxed, gtp[nearest[x, :k + 1]] = 0, renormalise, next sibling;
+    delta applies afresh to each sibling on the renormalised residual."""
+    j, p1 = verify_candidates(P6, None, [0, 5], T6, REF, [0.5, 1.0])
+    assert j == -1
+    # x = 0 rejected (a = 0.32): 0 and nearest[0, :3] = 3, 1, 2 leave -> (0.20, 0.33) / 0.53 on codes 4, 5; then
+    # x = 5 borrows c_1 = c_2 = 0 from codes 0, 1 (m* = 2, so relaxed) and is rejected: 5 and 0, 1, 2 leave
+    assert torch.equal(p1, torch.tensor([0, 0, 0, 0, 1.0, 0], dtype=F64))
+    j, p_at_5 = verify_candidates(P6, None, [0, 5], T6, REF, [0.5, 0.33 / 0.53 - 1e-9])
+    assert j == 1 and torch.allclose(p_at_5, torch.tensor([0, 0, 0, 0, 0.20, 0.33], dtype=F64) / 0.53)
+
+
+def test_reference_static_residual_zeroes_the_neighbours_in_q_not_in_p():
+    """evaluate_posterior_v1: accept iff u <= p~(x) / q_cond(x); on rejection q' = the parent's q without earlier
+    siblings (renormalised), nearest[x, :k + 1] zeroed in q' (not renormalised), residual norm(max(p - q', 0))."""
+    q = torch.tensor([0.40, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64)
+    a, c, m = accept_probability(P6, q, torch.tensor(0), T6, REF)
+    assert (int(m), c.item()) == (1, pytest.approx(0.02)) and a.item() == pytest.approx(0.32 / 0.40)
+    # q' = (0.40, 0, 0, 0, 0.10, 0.30): codes 3, 1, 2 keep all of p; code 0 loses all, 4 and 5 lose q
+    want = torch.tensor([0, 0.05, 0.10, 0.02, 0.10, 0.03], dtype=F64) / 0.30
+    assert torch.allclose(residual(P6, q, 0, int(m), T6, REF), want)
+    # (zeroing them in p instead, as our code did before, gave (0, 0, 0, 0, 0.10, 0.03) / 0.13); bounded differs too
+    bounded = AcceptRule("lantern", delta=0.03, k=2)
+    exact_sd = torch.tensor([0, 0, 0.05, 0, 0.10, 0.03], dtype=F64) / 0.18  # max(p - q, 0); n_1 = 3 has none left
+    assert torch.allclose(residual(P6, q, 0, 1, T6, bounded), exact_sd)
+    # not relaxed (m* = 0): exact SD's residual, nothing else leaves
+    loose = AcceptRule("lantern", delta=0.01, k=2, residual="reference")
+    assert int(accept_probability(P6, q, torch.tensor(0), T6, loose)[2]) == 0
+    assert torch.allclose(residual(P6, q, 0, 0, T6, loose), exact_sd)
+
+
+def test_reference_static_second_sibling_by_hand():
+    """Siblings 0 then 5, drawn from q without replacement: 5 is tried with q_cond = 0.30 / (1 - 0.40) = 0.5 against
+    the first residual r1, and its own residual subtracts q' = q without 0, renormalised, less nearest[5, :3]."""
+    q = torch.tensor([0.40, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64)
+    r1 = torch.tensor([0, 0.05, 0.10, 0.02, 0.10, 0.03], dtype=F64) / 0.30
+    p, q1, _ = after_rejection(P6, q, 0, 0.02, 1, T6, REF, None)
+    assert torch.allclose(p, r1)
+    assert torch.allclose(q1, torch.tensor([0, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64) / 0.6)
+    a, c, m = accept_probability(p, q1, torch.tensor(5), T6, REF)
+    assert int(m) == 1 and c.item() == 0 and a.item() == pytest.approx(0.1 / 0.5)  # r1(0) = 0 still counts as m* = 1
+    j, after = verify_candidates(P6, q, [0, 5], T6, REF, [0.9, 0.9])
+    # max(r1 - (0, 0, 0, 1/12, 1/6, 1/2), 0) = (0, 1/6, 1/3, 0, 1/6, 0)
+    assert j == -1 and torch.allclose(after, torch.tensor([0, 0.25, 0.5, 0, 0.25, 0], dtype=F64))
+    assert verify_candidates(P6, q, [0, 5], T6, REF, [0.9, 0.19])[0] == 1
+
+
+def test_reference_greedy_by_hand():
+    """evaluate_posterior without a logits processor: p[x] replaced by p~(x), x accepted iff it is the argmax
+    (torch's first maximum: ties go to the lower code); the neighbours keep their mass; delta > 1 in their code is
+    our lanternpp lam."""
+    p = torch.tensor([0.4, 0.2, 0.2, 0.2], dtype=F64)
+    table = torch.tensor([[1, 2, 3], [0, 2, 3], [1, 3, 0], [2, 1, 0]])
+    rule = AcceptRule("lantern", delta=0.2, k=3, residual="reference")
+    assert greedy_accept(p.expand(4, -1), torch.arange(4), table, rule).tolist() == [True, False, False, False]
+    p = torch.tensor([0.2, 0.2, 0.4, 0.2], dtype=F64)  # now x = 0 ties 0.4 with code 2 and wins as the lower index
+    assert greedy_accept(p.expand(3, -1), torch.tensor([0, 1, 3]), table, rule).tolist() == [True, True, False]
+    # lam = 2 (their delta = 2.0): bound (2 - 1) p(x) = 0.2, the same as delta 0.2 here
+    pp = AcceptRule("lanternpp", lam=2.0, k=3, residual="reference")
+    assert greedy_accept(p.expand(3, -1), torch.tensor([0, 1, 3]), table, pp).tolist() == [True, True, False]
+
+
+def test_reference_without_relaxation_is_exact_sd():
+    """m* = 0 (delta below every neighbour's mass): one reference verification emits p exactly, sampled or not."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        p, q, table = rand_dist(g, 6), rand_dist(g, 6, zeros=1), rand_table(g, 6)
+        rule = AcceptRule("lantern", delta=float(p.min()) * 0.5, k=3, residual="reference")
+        assert torch.allclose(emitted_chain(p, q, table, rule), p, atol=1e-12)
+        assert torch.allclose(emitted_without_replacement(p, q, 1, table, rule), p, atol=1e-12)
+        for x in range(6):
+            assert torch.allclose(emitted_siblings(p, None, [x], table, rule), p, atol=1e-12)
+
+
+def test_reference_treats_a_zero_mass_neighbour_as_a_relaxation():
+    """Their `indices != -1` holds as soon as c_1 <= delta, even when n_1 has no mass (common after top-k: most of
+    1000 neighbours lie outside the target's top-k), so a rejection then drops x's k + 1 nearest from the residual
+    although nothing was borrowed; bounded drops only the zero-mass n_1 and stays exact SD."""
+    p = torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=F64)
+    table = torch.tensor([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+    ref = AcceptRule("lantern", delta=0.01, k=1, residual="reference")
+    a, c, m = accept_probability(p, None, torch.tensor(0), table, ref)
+    assert (int(m), c.item(), a.item()) == (1, 0.0, 0.5)
+    assert torch.equal(residual(p, None, 0, 1, table, ref), torch.tensor([0, 0, 0, 1.0], dtype=F64))
+    bounded = AcceptRule("lantern", delta=0.01, k=1)
+    assert torch.allclose(residual(p, None, 0, 1, table, bounded), torch.tensor([0, 0, 0.6, 0.4], dtype=F64))
+
+
+@pytest.mark.parametrize("residual_mode", ["bounded", "reference"])
+def test_compact_int16_tables_give_the_same_answers(residual_mode):
+    rule = AcceptRule("lantern", delta=0.1, k=3, residual=residual_mode)
+    q = torch.tensor([0.40, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64)
+    small = T6.to(torch.int16)
+    for x in range(6):
+        c, m = relaxed_mass(P6, torch.tensor(x), T6, rule)
+        c16, m16 = relaxed_mass(P6, torch.tensor(x), small, rule)
+        assert c.item() == c16.item() and int(m) == int(m16)
+        for qq in (None, q):
+            assert torch.equal(residual(P6, qq, x, int(m), T6, rule), residual(P6, qq, x, int(m), small, rule))
+    assert torch.equal(greedy_accept(P6.expand(6, -1), torch.arange(6), small, rule),
+                       greedy_accept(P6.expand(6, -1), torch.arange(6), T6, rule))

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import UserError
-from lantern.neighbours import codebook_sha256, load_neighbours, main, nearest_neighbours
+from lantern.neighbours import codebook_sha256, index_dtype, load_neighbours, main, nearest_neighbours, read_codebook
 
 
 def brute_force(cb, k, metric):
@@ -65,9 +65,10 @@ def test_cli_roundtrip_and_checks(tmp_path, capsys):
     raw = torch.load(out, weights_only=True)
     assert raw["meta"]["metric"] == "cosine" and raw["meta"]["k"] == 20
     assert raw["meta"]["codebook_sha256"] == codebook_sha256(cb)
+    assert raw["meta"]["index_dtype"] == "int16" and raw["neighbours"].dtype == torch.int16
     t = load_neighbours(out, cb, 10, metric="cosine")
-    assert t.dtype == torch.int64 and t.shape == (40, 10)
-    assert torch.equal(t, brute_force(cb, 10, "cosine"))
+    assert t.dtype == torch.int16 and t.shape == (40, 10) and t.is_contiguous()
+    assert torch.equal(t.long(), brute_force(cb, 10, "cosine"))
     assert not list(out.parent.glob(".*tmp"))  # written atomically, nothing left behind
 
     with pytest.raises(UserError, match="another codebook"):
@@ -102,6 +103,33 @@ def test_cli_rejects_a_checkpoint_without_codebook(tmp_path):
         main(["--vq", str(tmp_path / "gpt.pt"), "--out", str(tmp_path / "t.pt")])
 
 
+def test_index_dtype_fits_the_codebook():
+    assert index_dtype(16384) == torch.int16 and index_dtype(2**15) == torch.int16
+    assert index_dtype(2**15 + 1) == torch.int32
+    assert torch.iinfo(torch.int16).max == 2**15 - 1  # the largest index of a 2**15-code book
+
+
+def test_read_codebook_from_upstream_and_legacy_files(tmp_path):
+    """Upstream ships {"model": sd} with the whole VQ (encoder, decoder, ...); an old-format file cannot be mmapped."""
+    cb = torch.randn(64, 8)
+    sd = {"encoder.conv_in.weight": torch.randn(128, 3, 3, 3), "quantize.embedding.weight": cb,
+          "decoder.conv_out.weight": torch.randn(3, 128, 3, 3)}
+    torch.save({"model": sd}, tmp_path / "upstream.pt")
+    torch.save(sd, tmp_path / "raw.pt", _use_new_zipfile_serialization=False)
+    for name in ("upstream.pt", "raw.pt"):
+        got = read_codebook(tmp_path / name)
+        assert got.dtype == torch.float32 and torch.equal(got, cb)
+    torch.save({"model": {"quantize.embedding.weight": cb.half()}}, tmp_path / "half.pt")
+    assert torch.equal(read_codebook(tmp_path / "half.pt"), cb.half().float())
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    for name, needle in [("junk.pt", "unreadable"), ("missing.pt", "does not exist")]:
+        with pytest.raises(UserError, match=needle):
+            read_codebook(tmp_path / name)
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    with pytest.raises(UserError, match="not a state dict"):
+        read_codebook(tmp_path / "tensor.pt")
+
+
 @pytest.mark.slow
 def test_llamagen_scale_runs_in_well_under_a_minute():
     torch.manual_seed(2)
@@ -109,7 +137,7 @@ def test_llamagen_scale_runs_in_well_under_a_minute():
     t0 = time.process_time()  # CPU time, so other jobs on the machine do not count
     table = nearest_neighbours(cb, 1000, "l2")
     assert time.process_time() - t0 < 60
-    assert table.shape == (16384, 1000) and table.dtype == torch.int32
+    assert table.shape == (16384, 1000) and table.dtype == torch.int16
     rows = torch.tensor([0, 777, 16383])
     d = torch.cdist(cb[rows], cb, compute_mode="donot_use_mm_for_euclid_dist")
     d[torch.arange(3), rows] = float("inf")

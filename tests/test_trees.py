@@ -11,7 +11,7 @@ from lantern.speculative import generate as chain_generate
 from lantern.tables import accepted_mask
 from lantern.trees import (
     Draft, DynamicTree, StaticTree, generate as tree_generate, row_probs, static_tree, tree_decode, tree_from_method,
-    verify_tree,
+    validate_tree_paths, verify_tree,
 )
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
@@ -26,6 +26,37 @@ TREES = {
 
 
 # -- shapes -------------------------------------------------------------------------------------------------------
+def _fan(prefix, n):
+    return [list(prefix) + [r] for r in range(n)]
+
+
+# The authors' naive_extend_57 (jadohu/LANTERN, models/drafters/choices.py), written out by parent and fan-out.
+AUTHORS_NAIVE_EXTEND_57 = (
+    _fan([], 5)
+    + _fan([0], 4) + _fan([1], 3) + _fan([2], 3) + _fan([3], 2) + _fan([4], 1)
+    + _fan([0, 0], 4) + _fan([0, 1], 3) + _fan([0, 2], 3) + _fan([0, 3], 2) + _fan([1, 0], 2) + _fan([1, 1], 1)
+    + _fan([2, 0], 1)
+    + _fan([0, 0, 0], 4) + _fan([0, 0, 1], 3) + _fan([0, 0, 2], 2) + _fan([0, 0, 3], 1) + _fan([0, 1, 0], 2)
+    + _fan([0, 1, 1], 1) + _fan([0, 2, 0], 1)
+    + _fan([0, 0, 0, 0], 3) + _fan([0, 0, 0, 1], 2) + _fan([0, 0, 1, 0], 2) + _fan([0, 0, 1, 1], 1)
+    + _fan([0, 0, 2, 0], 1)
+)
+
+
+def test_naive_extend_57_is_the_authors_tree_node_for_node():
+    tree = static_tree("naive_extend_57")
+    assert len(AUTHORS_NAIVE_EXTEND_57) == 57
+    # every node, in the authors' order (sorted by depth, then lexicographically)
+    assert tree.paths == sorted(map(tuple, AUTHORS_NAIVE_EXTEND_57), key=lambda p: (len(p), p))
+    assert [tree.paths[i] for i in (0, 4, 5, 17, 18, 33, 34, 47, 48, 56)] == [
+        (0,), (4,), (0, 0), (4, 0), (0, 0, 0), (2, 0, 0), (0, 0, 0, 0), (0, 2, 0, 0), (0, 0, 0, 0, 0), (0, 0, 2, 0, 0)]
+    assert torch.bincount(tree.depths).tolist() == [0, 5, 13, 16, 14, 9]
+    assert tree.max_rank == 4 and [len(c) for c in tree.children[:6]] == [5, 4, 3, 3, 2, 1]
+    # the same list handed in as a custom tree builds the same shape
+    custom = tree_from_method({"drafting": "static", "tree": AUTHORS_NAIVE_EXTEND_57[::-1]})
+    assert custom.paths == tree.paths and custom.children == tree.children and torch.equal(custom.block, tree.block)
+
+
 def test_naive_extend_57_shape():
     tree = static_tree("naive_extend_57")
     assert tree.n == 57 and tree.depth == 5 and tree.max_rank < 10
@@ -46,10 +77,18 @@ def test_shape_specs_and_errors():
     dyn = tree_from_method({"drafting": "dynamic", "top_k": 4})
     assert dyn == DynamicTree(59, 4, 4) and tree_from_method({"drafting": "dynamic"}) == DynamicTree(59, 4, 10)
     assert static_tree("twin_chain_8").n == 16 and static_tree("twin_chain_8").depth == 8
+    assert validate_tree_paths([[0, 0], [1], [0]]) == [(0,), (1,), (0, 0)]
+    assert validate_tree_paths([[r] for r in range(10)])[-1] == (9,)
     for bad, needle in [([[0], [0, 0, 0]], "no parent"), ([[0], [2]], "skips rank"), ([[0], [0]], "twice"),
-                        ([[0], [-1]], "ranks"), ([], "non-empty"), ("bushy", "unknown static tree")]:
-        with pytest.raises(UserError, match=needle):
+                        ([[0], [-1]], "ranks"), ([], "non-empty"), ("bushy", "unknown static tree"),
+                        ([[r] for r in range(11)], "ranks must be < 10"), ([[0], [0, True]], "ranks"),
+                        ([[0], "0"], "ranks"), ([[0], [0, 1.0]], "ranks")]:
+        with pytest.raises(UserError, match=needle) as e:
             tree_from_method({"drafting": "static", "tree": bad})
+        assert "\n" not in str(e.value)
+        if not isinstance(bad, str):
+            with pytest.raises(UserError, match=needle):
+                validate_tree_paths(bad)
     with pytest.raises(UserError, match="gamma"):
         static_tree("chain", 0)
     with pytest.raises(UserError, match="top_k"):
@@ -152,7 +191,7 @@ def test_tree_verification_and_compaction_match_full_forward(trained):
     T, Q = 1, 1 + len(prefix) - 1  # y = prefix[-1] sits at position Q
     tokens = torch.randint(0, 16, (tree.n,))
     paths = [tree.anc[i].nonzero().flatten() for i in range(tree.n)]
-    best = next(i for i in range(tree.n) if tree.paths[i] == (1, 0, 0, 0))
+    best = next(i for i in range(tree.n) if tree.paths[i] == (0, 1, 1, 0))  # a path of scattered slots
     seq = prefix + tokens[paths[best]].tolist()
     # brute force first: uncached full forwards (the model must have no cache for these)
     want = [full_next(target, rows, prefix + tokens[path].tolist()) for path in [[]] + paths]

@@ -1,9 +1,9 @@
 """Acceptance rules for speculative decoding: exact, LANTERN (delta, k) and LANTERN++ (lambda, k).
 
 Pure functions of target probabilities p, drafter probabilities q, drafted tokens x and a neighbour table (row x:
-the other codes in order of latent proximity, see neighbours.py). Callers draw the uniforms, so the functions own
-no randomness. Chain verification uses `greedy_accept` / `accept_probability` / `residual` per position; tree
-verification tries sibling candidates with `verify_candidates`.
+the other codes in order of latent proximity, see neighbours.py; any integer dtype, rows are widened where read).
+Callers draw the uniforms, so the functions own no randomness. Chain verification uses `greedy_accept` /
+`accept_probability` / `residual` per position; tree verification tries sibling candidates with `verify_candidates`.
 
 Semantics of the relaxation (method.md section 3): c_m = p(n_1) + .. + p(n_m) over x's neighbours in proximity
 order, m* = the largest m <= k with c_m <= bound (bound = delta for LANTERN, (lambda - 1) p(x) for LANTERN++) and
@@ -16,8 +16,12 @@ Residual after rejecting x:
   top-k drafts) the emitted token's distribution is exactly p~_x, so the per-step bound holds; tree siblings share
   one TV budget so that it still holds after several rejections. With drafts sampled from q no rule of this form
   bounds the marginal: every x in q's support borrows up to delta on its own (see tests/test_acceptance.py).
-- `reference` (the authors' code): whenever m* >= 1, x and its k + 1 nearest neighbours leave the residual
-  (not only the m* aggregated ones); a residual left with no mass becomes uniform. Siblings get no shared budget.
+- `reference` (the authors' code, jadohu/LANTERN models/ea_model_llamagen.py): the same acceptance; after
+  rejecting x, with nearest[x, :k + 1] its k + 1 nearest other codes, zeroed only when m* >= 1:
+  deterministic drafts (q None, their dynamic tree): x and nearest[x, :k + 1] leave p, which is renormalised;
+  sampled drafts (their static tree): nearest[x, :k + 1] leave q' (the drafter distribution without the earlier
+  siblings), not p, and the residual is norm(max(p - q', 0)), so those neighbours keep all their target mass.
+  A residual left with no mass becomes uniform. Siblings get no shared budget; delta is absolute per draft.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def relaxed_mass(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule, b
         return torch.zeros(x.shape, dtype=p.dtype, device=p.device), torch.zeros_like(x)
     if table is None or table.shape[-1] < rule.k:
         raise ValueError(f"{rule.describe()} needs a neighbour table with >= {rule.k} columns")
-    cum = p.gather(-1, table[x, : rule.k]).cumsum(-1)  # non-decreasing, so m* = how many c_m fit the bound
+    cum = p.gather(-1, table[x, : rule.k].long()).cumsum(-1)  # non-decreasing: m* = how many c_m fit the bound
     if rule.kind == "lanternpp":
         bound = (rule.lam - 1.0) * _take(p, x).unsqueeze(-1)
     else:
@@ -127,17 +131,42 @@ def accept_probability(
 
 def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
     """The distribution to sample from after rejecting draft x (1-D p, q; m = m* of that draft)."""
+    if rule.residual == "reference":
+        return reference_residual(p, q, x, m, table, rule)
     r = p.clone() if q is None else (p - q).clamp(min=0.0)
     r[x] = 0.0
     if m > 0:
-        width = m if rule.residual == "bounded" else rule.k + 1
-        r[table[x, :width]] = 0.0
+        r[table[x, :m].long()] = 0.0
     total = r.sum()
-    if total > 0:
-        return r / total
-    if rule.residual == "reference":
-        return torch.full_like(p, 1.0 / p.numel())  # the authors' code falls back to uniform
-    return p / p.sum()  # only reachable through rounding: exact arithmetic leaves mass after a rejection
+    return r / total if total > 0 else p / p.sum()  # only through rounding: exact arithmetic leaves mass
+
+
+def reference_residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
+    """The authors' residual after rejecting x (jadohu/LANTERN models/ea_model_llamagen.py, "Initial Release").
+
+    q None follows EaModel.evaluate_posterior (dynamic tree, drafts taken as q = 1): gtp[x] = 0, then, if the draft
+    was relaxed, gtp[nearest[x, :k + 1]] = 0; ones if nothing is left; renormalise. q given follows
+    EaModel.evaluate_posterior_v1 (static tree): q' = the parent's q without the earlier siblings, renormalised
+    (the q carried by after_rejection), then, if relaxed, q'[nearest[x, :k + 1]] = 0 with no renormalisation;
+    gtp = max(gtp - q', 0), ones if nothing is left, renormalise. Their table excludes x itself
+    (generate_codebook.py fills the diagonal with inf), so nearest[x, :k + 1] are k + 1 codes other than x: our
+    table's first k + 1 columns. "Relaxed" is their `indices != -1`, i.e. m* >= 1.
+    """
+    relaxed = m > 0
+    if q is None:
+        r = p.clone()
+        if relaxed:
+            r[table[x, : rule.k + 1].long()] = 0.0
+    else:
+        q = q.clone()
+        if relaxed:
+            q[table[x, : rule.k + 1].long()] = 0.0
+        r = (p - q).clamp(min=0.0)
+    # Their static code leaves x to max(p - q', 0), which a rejection makes 0 (p(x) <= p~(x) < q'(x)); zeroing it
+    # here says the same and keeps rounding from reviving a rejected draft.
+    r[x] = 0.0
+    total = r.sum()
+    return r / total if total > 0 else torch.full_like(p, 1.0 / p.numel())
 
 
 def sibling_budget(q: Tensor | None, rule: AcceptRule) -> float | None:

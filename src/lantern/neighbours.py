@@ -1,10 +1,16 @@
 """`lantern neighbours`: latent-proximity tables over a VQ codebook (LANTERN's neighbour sets).
 
-Row x of the table lists the K codes nearest to code x, self excluded, nearest first; equal distances are ordered
-by code index. `l2` measures on the raw codebook rows (the authors' code), `cosine` on L2-normalised rows (what a
-quantiser with codebook_l2_norm matches on). Rows are computed a chunk at a time, so memory stays at a few chunk x N
-distance matrices, never N x N. The file records the metric, K and the codebook's checksum; `load_neighbours`
-refuses a table built for another codebook.
+Row x of the table lists the K codes nearest to code x, self excluded, nearest first (as in the authors'
+entrypoints/generate_codebook.py, whose full [N, N - 1] table fills the diagonal with inf). Equal distances are
+ordered by code index, lower first (the authors' CUDA topk leaves that order unspecified). `l2` measures on the raw
+codebook rows (the authors' code), `cosine` on L2-normalised rows (what a quantiser with codebook_l2_norm matches
+on). Rows are computed a chunk at a time, so memory stays at a few chunk x N matrices, never N x N (LlamaGen's
+16384 x 8 codebook at the paper's k = 1000: about 3 s and 100 MB above torch's own footprint on 2 CPU cores).
+
+Indices are stored in the smallest signed type that holds every code (int16 up to 32768 codes, so LlamaGen's 16384
+codes take 2 bytes each; int32 beyond) and the file says which (meta index_dtype). `load_neighbours` hands the
+compact table out; acceptance.py widens the rows it reads. The file also records the metric, K and the codebook's
+checksum; `load_neighbours` refuses a table built for another codebook.
 """
 
 from __future__ import annotations
@@ -53,10 +59,17 @@ def codebook_sha256(codebook: Tensor) -> str:
 
 
 def read_codebook(path: str | Path) -> Tensor:
-    """The [N, D] codebook of a VQ checkpoint ({"model": state_dict} or a raw state dict)."""
+    """The [N, D] codebook of a VQ checkpoint ({"model": state_dict}, as upstream ships it, or a raw state dict),
+    read without building the VQ model."""
     from .checkpoint import extract_state_dict, read_checkpoint
 
-    sd = extract_state_dict(read_checkpoint(path), path)
+    try:  # mmap: only the codebook's bytes of a 288 MB upstream file are read
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - missing, legacy-format or broken files: read_checkpoint says which
+        obj = read_checkpoint(path)
+    if not isinstance(obj, dict):
+        obj = read_checkpoint(path)  # raises the one-line "not a state dict" error
+    sd = extract_state_dict(obj, path)
     if CODEBOOK_KEY not in sd:
         raise UserError(f"{path} has no {CODEBOOK_KEY}; pass a VQ tokenizer checkpoint, not a GPT or drafter")
     cb = sd[CODEBOOK_KEY].float()
@@ -65,6 +78,12 @@ def read_codebook(path: str | Path) -> Tensor:
     if not torch.isfinite(cb).all():
         raise UserError(f"{path}: the codebook holds NaN or inf values; the VQ checkpoint is broken")
     return cb
+
+
+def index_dtype(num_codes: int) -> torch.dtype:
+    """The smallest signed integer type that holds code indices 0 .. num_codes - 1 (signed because torch supports
+    few operations on uint16, which the authors' numpy table uses)."""
+    return torch.int16 if num_codes <= 2**15 else torch.int32
 
 
 def _ordered_rows(d: Tensor, k: int) -> Tensor:
@@ -76,21 +95,18 @@ def _ordered_rows(d: Tensor, k: int) -> Tensor:
     key = d.contiguous().view(torch.int32).to(torch.int64)
     key <<= 32
     key |= torch.arange(d.shape[1])
-    return (torch.topk(key, k, dim=1, largest=False, sorted=True).values & 0xFFFFFFFF).to(torch.int32)
+    return torch.topk(key, k, dim=1, largest=False, sorted=True).values & 0xFFFFFFFF
 
 
 def nearest_neighbours(codebook: Tensor, k: int, metric: str = "l2", chunk: int = 128) -> Tensor:
-    """[N, k] int32: for every code the k nearest other codes, nearest first (ties by index).
-
-    int32 indexes directly (unlike uint16) and halves the table; load_neighbours hands out int64.
-    """
+    """[N, k] in index_dtype(N): for every code the k nearest other codes, nearest first (ties by lower index)."""
     n = codebook.shape[0]
     if not 1 <= k <= n - 1:
         raise UserError(f"neighbours k={k} must be between 1 and {n - 1} (the other codes of a {n}-code codebook)")
     cb = codebook.detach().to("cpu", torch.float32)
     if metric == "cosine":
         cb = F.normalize(cb, dim=1)
-    out = torch.empty(n, k, dtype=torch.int32)
+    out = torch.empty(n, k, dtype=index_dtype(n))
     for s in range(0, n, chunk):
         rows = cb[s : s + chunk]
         # Difference-based distances: identical codes get bit-identical distances, so ties are real ties.
@@ -104,13 +120,15 @@ def build_table(codebook: Tensor, params: NeighbourParams, source: str = "") -> 
     table = nearest_neighbours(codebook, params.k, params.metric, params.chunk)
     meta = {
         "format": FORMAT, "metric": params.metric, "k": params.k, "num_codes": codebook.shape[0],
-        "dim": codebook.shape[1], "codebook_sha256": codebook_sha256(codebook), "source": source,
+        "dim": codebook.shape[1], "index_dtype": str(table.dtype).removeprefix("torch."),
+        "codebook_sha256": codebook_sha256(codebook), "source": source,
     }
     return {"neighbours": table, "meta": meta}
 
 
 def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | None = None) -> Tensor:
-    """The first k columns of a stored table as int64 [N, k], after checking it belongs to `codebook`."""
+    """The first k columns of a stored table [N, k], in its compact index dtype (int16 / int32: index with
+    `.long()` rows, as acceptance.py does), after checking it belongs to `codebook`."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"neighbour table {path} does not exist; build it with `lantern neighbours`")
@@ -130,7 +148,9 @@ def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | No
         raise UserError(f"neighbour table {path} stores k={meta['k']} neighbours but {k} are needed; rebuild with k >= {k}")
     if metric is not None and meta["metric"] != metric:
         raise UserError(f"neighbour table {path} uses metric {meta['metric']}, but {metric} was asked for")
-    return table[:, :k].long()
+    if table.dtype not in (torch.int16, torch.int32, torch.int64) or table.shape != (meta["num_codes"], meta["k"]):
+        raise UserError(f"neighbour table {path} holds a {str(table.dtype)} {tuple(table.shape)} tensor; rebuild it")
+    return table[:, :k].clone()  # a copy, so the unused columns are freed
 
 
 def params_from(mapping: dict) -> NeighbourParams:

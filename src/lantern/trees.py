@@ -20,10 +20,10 @@ without replacement) and keeps the parent's q: verification tries child j with i
 q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each rejection.
 
 Static shapes are rank paths: (0, 2) is the third-ranked child of the root's top-ranked child. Every parent's
-child ranks must be 0 .. c - 1 (successive draws). `naive_extend_57` (the default, our own design with the
-authors' profile): 57 nodes, depth 5, 5 / 13 / 16 / 14 / 9 nodes per depth, ranks within the parent's top 6,
-widest near the root and along the top-ranked path, where acceptance is most likely. `twin_chain_8` (16 nodes,
-depth 8) suits CPUs (see below); `chain` is a depth-gamma chain.
+child ranks must be 0 .. c - 1 (successive draws) and below STATIC_TOP_K. `naive_extend_57` (the default) is the
+authors' LANTERN++ tree, node for node (naive_extend_57 in jadohu/LANTERN models/drafters/choices.py): 57 nodes,
+depth 5, 5 / 13 / 16 / 14 / 9 nodes per depth, ranks within the parent's top 5, widest near the root and along
+the top-ranked path. `twin_chain_8` (16 nodes, depth 8) suits CPUs (see below); `chain` is a depth-gamma chain.
 Dynamic trees (EAGLE-2, the authors' parameter names): the root's top_k children, then `depth` expansions, each
 running the drafter on the top_k frontier nodes by cumulative drafter log-probability and offering each one's
 top_k children; the best total_tokens - 1 of all offered nodes form the tree (drafts reach depth + 1).
@@ -41,18 +41,20 @@ from .acceptance import AcceptRule, greedy_accept, verify_candidates
 from .drafter import Drafter
 from .errors import UserError
 from .generate import (
-    ImageStats, SamplingParams, StepTimer, logits_to_probs, peak_memory, reset_peak_memory, sample_index,
+    ImageStats, SamplingParams, StepTimer, logits_to_probs, mix_cfg, peak_memory, reset_peak_memory, sample_index,
 )
 from .model import GPT
 from .speculative import decode_each, speculative_prefill
 
-# parent rank path -> number of children (ranks 0 .. c - 1)
+# The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
+STATIC_TOP_K = 10
+# parent rank path -> number of children (ranks 0 .. c - 1); the authors' tree, one depth per line
 NAIVE_EXTEND_57 = {
     (): 5,
-    (0,): 6, (1,): 4, (2,): 2, (3,): 1,
-    (0, 0): 5, (0, 1): 3, (0, 2): 2, (1, 0): 3, (1, 1): 1, (2, 0): 2,
-    (0, 0, 0): 5, (0, 0, 1): 2, (0, 1, 0): 2, (1, 0, 0): 2, (0, 0, 2): 1, (0, 2, 0): 1, (2, 0, 0): 1,
-    (0, 0, 0, 0): 4, (0, 0, 0, 1): 2, (0, 0, 1, 0): 1, (0, 1, 0, 0): 1, (1, 0, 0, 0): 1,
+    (0,): 4, (1,): 3, (2,): 3, (3,): 2, (4,): 1,
+    (0, 0): 4, (0, 1): 3, (0, 2): 3, (0, 3): 2, (1, 0): 2, (1, 1): 1, (2, 0): 1,
+    (0, 0, 0): 4, (0, 0, 1): 3, (0, 0, 2): 2, (0, 0, 3): 1, (0, 1, 0): 2, (0, 1, 1): 1, (0, 2, 0): 1,
+    (0, 0, 0, 0): 3, (0, 0, 0, 1): 2, (0, 0, 1, 0): 2, (0, 0, 1, 1): 1, (0, 0, 2, 0): 1,
 }
 # A CPU-sized shape: the two top-ranked first drafts, each continued by the drafter's top choice to depth 8. On a
 # CPU verifying a node costs real compute (59 nodes cost about 4 vanilla steps for the toy target), while under
@@ -102,7 +104,7 @@ class StaticTree:
 
     def __init__(self, paths, name: str = "custom", device="cpu"):
         self.name, self.device = name, torch.device(device)
-        paths = _check_paths(paths)
+        paths = validate_tree_paths(paths)
         index = {p: i for i, p in enumerate(paths)}
         self.paths, self.n, self.depth = paths, len(paths), max(len(p) for p in paths)
         parent = [index.get(p[:-1], -1) for p in paths]
@@ -273,14 +275,18 @@ class DynamicTree:
                      children=children, drafter_passes=levels - 1)
 
 
-def _check_paths(paths) -> list[tuple[int, ...]]:
-    """Rank paths as sorted tuples (by depth, then lexicographically: parents before children, siblings by rank)."""
+def validate_tree_paths(paths) -> list[tuple[int, ...]]:
+    """A custom static tree (a list of rank paths) checked, as tuples sorted by depth, then lexicographically
+    (parents before children, siblings by rank; the authors' order). Raises a one-line UserError otherwise."""
     if not isinstance(paths, (list, tuple)) or not paths:
         raise UserError("a static tree must be a non-empty list of rank paths such as [[0], [1], [0, 0]]")
     out = set()
     for p in paths:
         if not isinstance(p, (list, tuple)) or not p or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in p):
             raise UserError(f"static tree path {p!r} must be a non-empty list of ranks (integers >= 0)")
+        if max(p) >= STATIC_TOP_K:
+            raise UserError(f"static tree path {list(p)} uses rank {max(p)}; ranks must be < {STATIC_TOP_K} "
+                            f"(children come from the parent's drafter top-{STATIC_TOP_K})")
         if tuple(p) in out:
             raise UserError(f"static tree path {list(p)} appears twice")
         out.add(tuple(p))
@@ -328,15 +334,8 @@ def tree_from_method(method: dict) -> StaticTree | DynamicTree:
 # -- shared pieces ------------------------------------------------------------------------------------------------
 def row_probs(logits: Tensor, params: SamplingParams, index) -> Tensor:
     """logits [R, S, V] (rows [cond; uncond] under CFG) -> [S, V] processed distributions; row s is for token
-    index[s] (an int: all rows), which matters only through cfg_interval. Same arithmetic as generate.mix_cfg."""
-    if params.use_cfg:
-        cond, uncond = logits.chunk(2, dim=0)
-        mixed = uncond + (cond - uncond) * params.cfg_scale
-        if params.cfg_interval > -1:
-            late = torch.as_tensor(index, device=logits.device) > params.cfg_interval
-            mixed = torch.where(late.view(1, -1, 1) if late.ndim else late, cond, mixed)
-        logits = mixed
-    return logits_to_probs(logits[0], params)
+    index[s] (an int: all rows), which matters only through cfg_interval."""
+    return logits_to_probs(mix_cfg(logits, params, index)[0], params)
 
 
 def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
@@ -465,7 +464,7 @@ def tree_decode(
             if len(tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
                 break
             tokens.append(int(p.argmax()) if params.greedy else sample_index(p, generator))
-            pend_emb = target.embed_tokens(torch.tensor(tokens[-a - 1 :], device=device).expand(R, -1))
+            pend_emb = drafter.embed_tokens(torch.tensor(tokens[-a - 1 :], device=device).expand(R, -1))
             pend_h = hidden[:, [0] + [i + 1 for i in path]]
             start, Q = Q, Q + a + 1
 
