@@ -18,11 +18,15 @@ COMMANDS = {
     "neighbours": "lantern.neighbours",
     "train-drafter": "lantern.drafter",
     "sample": "lantern.sample",
+    "encode-images": "lantern.llamagen.images",
+    "convert": "lantern.llamagen.convert",
     "train-clip": "lantern.metrics.train_clip",
     "evaluate": "lantern.metrics.evaluate",
     "speed": "lantern.metrics.speed",
     "tables": "lantern.tables",
     "figure": "lantern.figures",
+    "prompts": "lantern.llamagen.prompts",
+    "encode-captions": "lantern.llamagen.captions",
 }
 
 

@@ -26,7 +26,7 @@ from . import __version__
 from .checkpoint import load_gpt, parse_device
 from .errors import UserError
 from .generate import SamplingParams, generate, image_generator, image_seed
-from .io import atomic_path, read_structured, write_json
+from .io import atomic_path, read_structured, sha256_file, write_json
 from .metrics.speed import IN_JOB_REFERENCE
 
 
@@ -60,13 +60,16 @@ def environment(device: torch.device) -> dict:
 
 
 class Decoder:
-    """Loads the models a method needs once and turns (label, generator) into image tokens plus stats.
+    """Loads the models a method needs once and turns (cond, generator, cond_mask) into image tokens plus stats;
+    cond is a class id, or caption features [1, T, C] with their mask [1, T].
     `reference` is plain AR on the same target, for speed-ups timed in the same job."""
 
     def __init__(self, method: dict, params: SamplingParams, target_path: str, device: torch.device, dtype: str,
-                 drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None):
+                 drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None,
+                 spec: dict | None = None):
         self.method, self.params, self.device = method, params, device
-        self.target = load_gpt(target_path, dtype=dtype, device=str(device))
+        # spec only when given: upstream files need one, ours carry their args
+        self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
         self.reference = self._vanilla
         if method["name"] == "vanilla":
             self.run = self._vanilla
@@ -75,20 +78,68 @@ class Decoder:
 
             self.run = make_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, dtype, device)
 
-    def _vanilla(self, label: int, generator: torch.Generator):
-        cond = torch.tensor([label], device=self.device)
-        tokens, stats = generate(self.target, cond, self.params, [generator])
+    def _vanilla(self, cond: int | torch.Tensor, generator: torch.Generator, cond_mask: torch.Tensor | None = None):
+        if isinstance(cond, int):
+            cond = torch.tensor([cond], device=self.device)
+        tokens, stats = generate(self.target, cond, self.params, [generator], cond_mask)
         return tokens[0], stats[0]
+
+
+class Conditions:
+    """The condition of image i: its class (c2i, --labels), or its caption's features (t2i, --captions)."""
+
+    def __init__(self, a, target):
+        self.t2i = target.args.model_type == "t2i"
+        if not self.t2i:
+            if a.captions:
+                raise UserError(f"--captions {a.captions} is for text-to-image targets; {a.target} is "
+                                "class-conditional (c2i): drop --captions and choose classes with --labels")
+            classes = target.args.num_classes
+            self.label = (lambda i: i % classes) if a.labels == "cycle" else (lambda i, c=int(a.labels): c)
+            return
+        if not a.captions:
+            raise UserError(f"{a.target} is a text-to-image (t2i) target: give its caption features with --captions "
+                            "(a shard from `lantern encode-captions` covering --start..--end)")
+        from .llamagen.captions import read_captions_file, rows_for
+
+        data = read_captions_file(a.captions)
+        where = f"--captions {a.captions}"
+        T, C = target.args.cls_token_num, target.args.caption_dim
+        if tuple(data["features"].shape[1:]) != (T, C):
+            L, W = data["features"].shape[1:]
+            raise UserError(f"{where} holds features [{L}, {W}] per caption, but the target reads [{T}, {C}] "
+                            "(cls_token_num, caption_dim); encode them with the T5 the target was trained with "
+                            f"and --max-length {T}")
+        rows = rows_for(data, a.start, a.end, where)
+        dtype, device = target.output.weight.dtype, target.output.weight.device
+        self.row = dict(zip(range(a.start, a.end), rows))
+        self.ids, self.captions = data["ids"], data["captions"]
+        self.features, self.mask = data["features"].to(device=device, dtype=dtype), data["mask"].to(device)
+
+    def __call__(self, i: int) -> tuple[int | torch.Tensor, torch.Tensor | None]:
+        """(cond, cond_mask) of image i."""
+        if not self.t2i:
+            return self.label(i), None
+        r = self.row[i]
+        return self.features[r : r + 1], self.mask[r : r + 1]
+
+    def describe(self, i: int) -> dict:
+        """What the stats row says about the condition of image i."""
+        if not self.t2i:
+            return {"label": self.label(i)}
+        r = self.row[i]
+        return {"prompt_id": self.ids[r], "caption": self.captions[r]}
 
 
 def job_identity(a) -> dict:
     """Everything that decides image i, except the shard range: rows kept in a .partial folder are reused only
     by a rerun that would draw the very same images (a changed shard count may reuse them; a changed method not)."""
     files = {k: (str(Path(v).resolve()), Path(v).stat().st_mtime_ns) if v else None
-             for k, v in (("target", a.target), ("vq", a.vq), ("drafter", a.drafter), ("neighbours", a.neighbours))}
+             for k, v in (("target", a.target), ("vq", a.vq), ("drafter", a.drafter), ("neighbours", a.neighbours),
+                          ("captions", a.captions))}
     return {"method": read_structured(a.method), "sampling": read_structured(a.sampling), "mode": a.mode,
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
-            "in_job_vanilla": a.in_job_vanilla}
+            "target_spec": read_structured(a.target_spec), "in_job_vanilla": a.in_job_vanilla}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -104,6 +155,12 @@ def resume_or_restart(partial: Path, identity: dict) -> None:
     write_json(marker, identity)
 
 
+# Greedy decoding relaxes over the full CFG-mixed softmax, as the LANTERN authors' greedy path does
+# (models/ea_model_llamagen.py): temperature and the top-k / top-p filters never change an argmax, but a filter
+# would hide neighbours' mass from the relaxation.
+GREEDY = {"greedy": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="lantern sample", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint")
@@ -116,7 +173,11 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=0, help="global seed; image i uses a seed from (seed, i)")
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--end", type=int, required=True)
-    ap.add_argument("--labels", default="cycle", help="'cycle' (i mod num_classes) or one class id for all")
+    ap.add_argument("--labels", default="cycle", help="c2i: 'cycle' (i mod num_classes) or one class id for all")
+    ap.add_argument("--captions", help="t2i: caption features covering [start, end) (`lantern encode-captions`); "
+                                       "image i is drawn for prompt row i")
+    ap.add_argument("--target-spec", help="target spec (JSON/YAML or file: model_type, gpt_size, ...), needed for "
+                                          "upstream checkpoints, which carry no config")
     ap.add_argument("--out", required=True, help="output folder (images/, stats.csv, manifest.json)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
@@ -137,22 +198,22 @@ def main(argv: list[str]) -> None:
         raise UserError("--method needs a name (vanilla, exact, lantern or lanternpp)")
     sampling = read_structured(a.sampling)
     try:
-        params = SamplingParams(**{**sampling, "greedy": a.mode == "greedy"})
+        params = SamplingParams(**{**sampling, **(GREEDY if a.mode == "greedy" else {})})
     except TypeError as e:
         raise UserError(f"--sampling has an unknown key: {e}") from None
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = parse_device(a.device)
-    for path, what in ((a.target, "--target"), (a.vq, "--vq")):
-        if not Path(path).is_file():
+    for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
+        if path and not Path(path).is_file():
             raise UserError(f"{what} {path} does not exist")
+    spec = read_structured(a.target_spec)
 
     from .vq import load_vq
 
+    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec)
+    condition = Conditions(a, decoder.target)
     vq = load_vq(a.vq, device=str(device))
-    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq)
-    num_classes = decoder.target.args.num_classes
-    label_of = (lambda i: i % num_classes) if a.labels == "cycle" else (lambda i, c=int(a.labels): c)
 
     out, partial = Path(a.out), Path(f"{a.out}.partial")
     resume_or_restart(partial, job_identity(a))
@@ -160,22 +221,24 @@ def main(argv: list[str]) -> None:
     (partial / "rows").mkdir(exist_ok=True)
     reference = a.in_job_vanilla and method["name"] != "vanilla"
     if not a.no_warmup:  # first calls pay for allocation and kernel selection; keep that out of every latency
-        decoder.run(label_of(a.start), image_generator(a.seed, a.start))
+        cond, cond_mask = condition(a.start)
+        decoder.run(cond, image_generator(a.seed, a.start), cond_mask)
         if reference:
-            decoder.reference(label_of(a.start), image_generator(a.seed, a.start))
+            decoder.reference(cond, image_generator(a.seed, a.start), cond_mask)
     started = time.time()
     for i in range(a.start, a.end):
         row_path = partial / "rows" / f"{i:06d}.json"
         if row_path.exists():
             continue
-        tokens, stats = decoder.run(label_of(i), image_generator(a.seed, i))
+        cond, cond_mask = condition(i)
+        tokens, stats = decoder.run(cond, image_generator(a.seed, i), cond_mask)
         with torch.no_grad():
             image = to_uint8(vq.decode_code(tokens.view(1, -1).to(device)))[0]
         save_png(image, partial / "images" / f"{i:06d}.png")
-        row = {"image_index": i, "seed": image_seed(a.seed, i), "label": label_of(i), "method": method["name"],
+        row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
                "mode": a.mode, **stats.row(), "tokens": " ".join(map(str, tokens.tolist()))}
         if reference:  # timed right after the method's image: both see the same machine load
-            row[IN_JOB_REFERENCE] = decoder.reference(label_of(i), image_generator(a.seed, i))[1].time_total_s
+            row[IN_JOB_REFERENCE] = decoder.reference(cond, image_generator(a.seed, i), cond_mask)[1].time_total_s
         write_json(row_path, row)
 
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]
@@ -184,7 +247,9 @@ def main(argv: list[str]) -> None:
     write_json(partial / "manifest.json", {
         "method": method, "sampling": dataclasses.asdict(params),
         "mode": a.mode, "seed": a.seed, "start": a.start, "end": a.end, "target": a.target, "vq": a.vq,
-        "drafter": a.drafter, "neighbours": a.neighbours, "wall_s_this_run": time.time() - started,
+        "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
+        "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
+        "wall_s_this_run": time.time() - started,
         "environment": environment(device),
     })
     shutil.rmtree(partial / "rows")

@@ -75,8 +75,9 @@ def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: Sam
         logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
     with timer.section("other"):
         first = _pick(_probs(logits[:, -1], params, 0), params, generator)
-    first_emb = target.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
-    return R, first, torch.cat([cond_emb[:, 1:], first_emb], 1), hidden
+    # The drafter reads its own embedding (a converted authors' drafter carries one) and its own condition inputs.
+    first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
+    return R, first, torch.cat([drafter.cond_inputs(cond_emb), first_emb], 1), hidden
 
 
 @torch.no_grad()
@@ -148,7 +149,7 @@ def speculative_decode(
                 break
             tokens.append(new)
             # next catch-up: drafter positions Q..Q+a read x_1..x_a, new with the target's true h_Q..h_{Q+a}
-            pend_emb = target.embed_tokens(torch.tensor(drafts[:a] + [new], device=device).expand(R, -1))
+            pend_emb = drafter.embed_tokens(torch.tensor(drafts[:a] + [new], device=device).expand(R, -1))
             pend_h, start, Q = hidden[:, : a + 1], Q, Q + a + 1
 
     target.clear_cache()
@@ -194,7 +195,7 @@ def generate(
 
 def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path: str | None,
                  neighbours_path: str | None, vq_path: str | None, dtype: str, device: torch.device):
-    """(label, generator) -> (tokens [N], ImageStats) for a speculative sweep method (used by `lantern sample`)."""
+    """(cond, generator, cond_mask) -> (tokens [N], ImageStats) for a speculative sweep method (`lantern sample`)."""
     from .neighbours import load_neighbours, read_codebook
 
     rule = rule_from_method(method)
@@ -221,11 +222,12 @@ def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has {target.args.vocab_size}")
         table = table.to(device)
 
-    def run(label: int, generator: torch.Generator):
-        cond = torch.tensor([label], device=device)
+    def run(cond: int | Tensor, generator: torch.Generator, cond_mask: Tensor | None = None):
+        """cond: a class id, or caption features [1, T, C] with their mask [1, T]."""
+        if isinstance(cond, int):
+            cond = torch.tensor([cond], device=device)
         if tree is not None:
-            return tree_decode(target, drafter, cond, params, rule, tree, generator, table)
-        tokens, stats = speculative_decode(target, drafter, cond, params, rule, gamma, generator, table)
-        return tokens, stats
+            return tree_decode(target, drafter, cond, params, rule, tree, generator, table, cond_mask)
+        return speculative_decode(target, drafter, cond, params, rule, gamma, generator, table, cond_mask)
 
     return run

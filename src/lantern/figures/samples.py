@@ -26,15 +26,23 @@ def image_path(gen: Path, mode: str, point: str, index: int) -> Path | None:
     return hits[0] if hits else None
 
 
-def class_labels(gen: Path, mode: str, point: str) -> dict[int, int]:
-    """image index -> class id, from the point's stats.csv files (every point cycles through the same labels)."""
-    tables = [pd.read_csv(f, usecols=["image_index", "label"]) for f in sorted((gen / mode / point).glob("shard*/stats.csv"))]
+def class_labels(gen: Path, mode: str, point: str) -> dict[int, int | str]:
+    """image index -> class id (c2i) or caption (t2i), from the point's stats.csv files (every point shares them)."""
+    tables = []
+    for f in sorted((gen / mode / point).glob("shard*/stats.csv")):
+        df = pd.read_csv(f)
+        column = "caption" if "caption" in df.columns else "label"
+        tables.append(df[["image_index", column]].set_axis(["image_index", "condition"], axis=1))
     return dict(pd.concat(tables).itertuples(index=False)) if tables else {}
 
 
-def column_title(index: int, label: int | None, toy_names: bool) -> str:
+def column_title(index: int, label: int | str | None, toy_names: bool) -> str:
     if label is None:
         return f"image {index}"
+    if isinstance(label, str):  # a caption: its first words, wrapped to the column's width
+        words = label.split()
+        return f"image {index}\n" + " ".join(words[:3]) + ("\n" + " ".join(words[3:6]) if len(words) > 3 else "") + (
+            " ..." if len(words) > 6 else "")
     from ..data import CLASS_NAMES  # imported here: only the toy world has these names
 
     name = CLASS_NAMES[label] if toy_names and 0 <= label < len(CLASS_NAMES) else f"class {label}"
@@ -70,5 +78,5 @@ def plot(inputs, p: Params):
             if r == 0:
                 ax.set_title(column_title(i, labels.get(i), p.toy_class_names), fontsize=8.5, fontweight="normal")
         axes[r, 0].set_ylabel(short_label(row), rotation=0, ha="right", va="center", fontsize=8.5)
-    fig.suptitle(f"Samples ({mode}); columns share the per-image seed and class (the control row uses its own seed)")
+    fig.suptitle(f"Samples ({mode}); columns share the per-image seed and condition (the control row uses its own seed)")
     return fig

@@ -1,0 +1,105 @@
+"""`lantern sample` for text-to-image targets: image i is decoded with the caption features of prompt row i."""
+import csv
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from fake_t5 import TINY_T5_DIM, write_tiny_t5
+from lantern.checkpoint import save_checkpoint
+from lantern.drafter import Drafter, save_drafter
+from lantern.errors import UserError
+from lantern.io import sha256_file
+from lantern.llamagen.captions import main as encode_captions, read_captions_file
+from lantern.sample import main as sample
+from lantern.vq import VQArgs, VQModel
+from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CAPTIONS = ["two dogs run in the park", "a red bus"]  # the second is left-padded: 6 of 16 tokens are real
+T = 16  # caption positions: --max-length of the features and cls_token_num of the target
+EXACT = '{"name": "exact", "drafting": "chain", "gamma": 3}'
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("t2i")
+    with open(root / "prompts.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("id", "caption"), *[(f"coco{i}", c) for i, c in enumerate(CAPTIONS)]])
+    encode_captions(["--prompts", str(root / "prompts.csv"), "--t5", str(write_tiny_t5(root / "t5")),
+                     "--max-length", str(T), "--out", str(root / "captions.pt")])
+    target = tiny_target("t2i", cls_token_num=T, caption_dim=TINY_T5_DIM)
+    save_checkpoint(root / "target.pt", target, args=target.args.to_dict())
+    save_drafter(root / "drafter.pt", Drafter.from_target(target))
+    vq_args = VQArgs(codebook_size=16, codebook_embed_dim=4, ch=8, ch_mult=(1, 1), z_channels=8, enc_res_blocks=1,
+                     dec_res_blocks=1, norm_groups=4)
+    torch.manual_seed(0)
+    save_checkpoint(root / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
+    return root
+
+
+def run(world, out, *extra, method='{"name": "vanilla"}', start=0, end=2, target="target.pt", mode="sampling"):
+    sample(["--target", str(world / target), "--vq", str(world / "vq.pt"), "--drafter", str(world / "drafter.pt"),
+            "--method", method, "--sampling", '{"cfg_scale": 3.0}', "--mode", mode, "--seed", "7",
+            "--start", str(start), "--end", str(end), "--out", str(out), "--device", "cpu", "--threads", "1", *extra])
+    return pd.read_csv(out / "stats.csv", keep_default_na=False)
+
+
+@pytest.mark.parametrize("method", ['{"name": "vanilla"}', EXACT])
+def test_captions_condition_each_image_deterministically(world, tmp_path, method):
+    captions = ["--captions", str(world / "captions.pt")]
+    whole = run(world, tmp_path / "whole", *captions, "--target-spec", '{"model_type": "t2i"}', method=method)
+    assert whole.caption.tolist() == CAPTIONS and whole.prompt_id.tolist() == ["coco0", "coco1"]
+    assert "label" not in whole.columns
+    assert whole.tokens[0] != whole.tokens[1]  # the caption, not only the seed, decides the image
+    manifest = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    assert manifest["captions"] == {"path": str(world / "captions.pt"), "sha256": sha256_file(world / "captions.pt")}
+    assert manifest["target_spec"] == {"model_type": "t2i"}
+
+    tail = run(world, tmp_path / "tail", *captions, method=method, start=1)
+    assert tail.image_index.tolist() == [1] and tail.tokens[0] == whole.tokens[1]
+    png = "images/000001.png"
+    assert (tmp_path / "tail" / png).read_bytes() == (tmp_path / "whole" / png).read_bytes()
+
+
+def test_greedy_exact_chain_equals_greedy_vanilla_under_captions(world, tmp_path):
+    """Lossless greedy decoding: equal tokens show both decoders read the same features and left-padding mask."""
+    assert read_captions_file(world / "captions.pt")["mask"].sum(1).tolist() == [T, 6]
+    captions = ["--captions", str(world / "captions.pt")]
+    vanilla = run(world, tmp_path / "v", *captions, mode="greedy")
+    exact = run(world, tmp_path / "e", *captions, method=EXACT, mode="greedy")
+    assert exact.tokens.tolist() == vanilla.tokens.tolist()
+    assert exact.tau.min() >= 1.0
+
+
+def test_caption_problems_are_one_line_errors(world, tmp_path):
+    captions = ["--captions", str(world / "captions.pt")]
+    with pytest.raises(UserError, match="t2i.* --captions"):
+        run(world, tmp_path / "a")
+    with pytest.raises(UserError, match=r"covers prompt rows 0\.\.1, not image index 2 of \[1, 3\)"):
+        run(world, tmp_path / "b", *captions, start=1, end=3)
+    narrow = tiny_target("t2i", cls_token_num=T, caption_dim=12)
+    save_checkpoint(tmp_path / "narrow.pt", narrow, args=narrow.args.to_dict())
+    with pytest.raises(UserError, match=rf"features \[{T}, {TINY_T5_DIM}\] .* reads \[{T}, 12\]"):
+        run(world, tmp_path / "c", *captions, target=tmp_path / "narrow.pt")
+    c2i = tiny_target("c2i")
+    save_checkpoint(tmp_path / "c2i.pt", c2i, args=c2i.args.to_dict())
+    with pytest.raises(UserError, match="--captions .* class-conditional"):
+        run(world, tmp_path / "d", *captions, target=tmp_path / "c2i.pt")
+    with pytest.raises(UserError, match="t2i"):  # the spec reaches load_gpt
+        run(world, tmp_path / "e", *captions, "--target-spec", '{"model_type": "c2i"}')
+    assert not any((tmp_path / x).exists() for x in "abcde")
+
+
+def test_class_conditional_targets_keep_labels(world, tmp_path):
+    c2i = tiny_target("c2i")
+    save_checkpoint(tmp_path / "c2i.pt", c2i, args=c2i.args.to_dict())
+    save_drafter(tmp_path / "drafter.pt", Drafter.from_target(c2i))
+    sample(["--target", str(tmp_path / "c2i.pt"), "--vq", str(world / "vq.pt"),
+            "--drafter", str(tmp_path / "drafter.pt"), "--method", EXACT, "--start", "3", "--end", "5",
+            "--out", str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "--no-warmup"])
+    stats = pd.read_csv(tmp_path / "out" / "stats.csv")
+    assert stats.label.tolist() == [3, 0] and "caption" not in stats.columns  # cycle: i mod 4 classes
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["captions"] is None
