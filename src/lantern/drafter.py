@@ -7,6 +7,9 @@ h_{t+1}; the target's frozen output head turns that into logits for the token at
 are frozen copies of the target's and are not stored in the drafter checkpoint. RoPE row t + 1 (the position of
 the token read) is used, so the first image step is rotated like the target's img_0.
 
+A drafter may instead follow the LANTERN authors' LlamaGen drafter (`DrafterOptions`, set by `lantern convert`):
+its own token embedding, code 0's embedding over the condition positions, no caption padding mask, norm eps 1e-6.
+
 Training regresses the target's next hidden state (SmoothL1) plus 0.1 x soft cross-entropy against the target's
 distribution, with uniform noise on the input hidden states and conditions dropped to the null condition at the
 target's class-dropout rate, so the drafter learns the unconditional stream CFG needs.
@@ -32,15 +35,43 @@ from .model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_m
 
 FORMAT = "lantern-drafter-v1"
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
+OWN_EMBEDDING = "tok_embeddings."
+CAPTIONS_FORMAT = "lantern-captions-v1"
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """How a drafter reads its inputs. The defaults are ours; AUTHORS_LLAMAGEN is the LANTERN authors' LlamaGen
+    drafter (jadohu/LANTERN models/drafters/cnets_llamagen.py), so that its converted weights compute its function.
+
+    RoPE needs no option: theirs uses row p of a table with T - 1 zero rows, ours row p + 1 of one with T, the same
+    angles at every drafter position p."""
+
+    norm_eps: float | None = None  # the FFN pre-norm's eps; None: the target's
+    # what drafter positions 0..T-2 (over the condition) read: "target": the target's condition embeddings 1..T-1;
+    # "code0": the drafter's embedding of code 0 (the authors zero-pad the input ids there, in training and decoding)
+    cond_inputs: str = "target"
+    mask_padding: bool = True  # hide left-padded caption positions (the authors' drafter attends to them)
+    own_embedding: bool = False  # the token embedding is stored with the drafter, never re-tied to the target's
+
+    def __post_init__(self):
+        if self.cond_inputs not in ("target", "code0"):
+            raise UserError(f"drafter options cond_inputs={self.cond_inputs!r} must be 'target' or 'code0'")
+        if self.norm_eps is not None and self.norm_eps <= 0:
+            raise UserError(f"drafter options norm_eps={self.norm_eps} must be > 0 (or null for the target's)")
+
+
+AUTHORS_LLAMAGEN = DrafterOptions(norm_eps=1e-6, cond_inputs="code0", mask_padding=False, own_embedding=True)
 
 
 class Drafter(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, options: DrafterOptions = DrafterOptions()):
         super().__init__()
-        self.args = args
+        self.args, self.options = args, options
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.fc = nn.Linear(2 * args.dim, args.dim, bias=True)
-        self.layer = TransformerBlock(args, input_norm=False)
+        eps = args.norm_eps if options.norm_eps is None else options.norm_eps
+        self.layer = TransformerBlock(dataclasses.replace(args, norm_eps=eps), input_norm=False)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.rope = precompute_rope_2d(args)
         self.key_valid: Tensor | None = None
@@ -50,17 +81,24 @@ class Drafter(nn.Module):
         nn.init.zeros_(self.fc.bias)
 
     @classmethod
-    def from_target(cls, target: GPT) -> "Drafter":
-        d = cls(target.args).to(device=target.output.weight.device)
+    def from_target(cls, target: GPT, options: DrafterOptions = DrafterOptions()) -> "Drafter":
+        d = cls(target.args, options).to(device=target.output.weight.device)
         d.copy_frozen(target)
         return d
 
     def copy_frozen(self, target: GPT) -> None:
+        """The head is always the target's; the embedding too, unless the drafter carries its own."""
         with torch.no_grad():
-            self.tok_embeddings.weight.copy_(target.tok_embeddings.weight)
+            if not self.options.own_embedding:
+                self.tok_embeddings.weight.copy_(target.tok_embeddings.weight)
             self.output.weight.copy_(target.output.weight)
         self.tok_embeddings.requires_grad_(False)
         self.output.requires_grad_(False)
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """State-dict prefixes a drafter checkpoint holds."""
+        return TRAINED + ((OWN_EMBEDDING,) if self.options.own_embedding else ())
 
     def _apply(self, fn, *a, **kw):
         out = super()._apply(fn, *a, **kw)
@@ -68,13 +106,29 @@ class Drafter(nn.Module):
         return out
 
     def trained_state(self) -> dict[str, Tensor]:
-        return {k: v.detach().cpu() for k, v in self.state_dict().items() if k.startswith(TRAINED)}
+        return {k: v.detach().cpu() for k, v in self.state_dict().items() if k.startswith(self.stored)}
 
     def head(self, hidden: Tensor) -> Tensor:
         return self.output(hidden).float()
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         return self.tok_embeddings(tokens)
+
+    def cond_inputs(self, cond_emb: Tensor) -> Tensor:
+        """What drafter positions 0..T-2 read, given the target's condition embeddings cond_emb [B, T, d]."""
+        w = self.fc.weight
+        if self.options.cond_inputs == "target":
+            return cond_emb[:, 1:].to(w.dtype)
+        B, T = cond_emb.shape[:2]
+        return self.tok_embeddings.weight[0].to(w.dtype).expand(B, T - 1, -1)
+
+    def inputs(self, cond_emb: Tensor, tokens: Tensor) -> Tensor:
+        """Drafter inputs over a whole teacher-forced sequence: condition part, then the image tokens [B, S]."""
+        return torch.cat([self.cond_inputs(cond_emb), self.embed_tokens(tokens).to(self.fc.weight.dtype)], dim=1)
+
+    def padding_mask(self, cond_mask: Tensor | None, S: int) -> Tensor | None:
+        """The uncached pass's attention mask for S positions (None: causal)."""
+        return drafter_mask(cond_mask if self.options.mask_padding else None, S)
 
     def _run(self, emb: Tensor, hidden: Tensor, pos: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
@@ -91,7 +145,7 @@ class Drafter(nn.Module):
         max_len = self.args.max_seq_len + extra
         self.layer.attention.kv_cache = KVCache(batch, self.args.n_head, max_len, self.args.head_dim, w.dtype, w.device)
         self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=w.device)
-        if cond_mask is not None:
+        if cond_mask is not None and self.options.mask_padding:
             # drafter position t reads condition t + 1, so the padding mask shifts by one
             self.key_valid[:, : cond_mask.shape[1] - 1] = cond_mask[:, 1:].bool()
 
@@ -181,10 +235,11 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     T = target.args.cls_token_num
     with torch.no_grad():
         x, h, logits = target_states(target, cond, tokens, cond_mask)
+        emb = drafter.inputs(x[:, :T], tokens)
     h_in = h[:, :-1]
     if noise > 0:
         h_in = h_in + (torch.rand_like(h_in) * 2 - 1) * noise
-    pred = drafter(x[:, 1:], h_in, drafter_mask(cond_mask, x.shape[1] - 1))[:, T - 1 :]
+    pred = drafter(emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]))[:, T - 1 :]
     want_h, want_p = h[:, T:], logits[:, T:].float().softmax(-1)
     q_logits = drafter.head(pred)
     reg = F.smooth_l1_loss(pred.float(), want_h.float())
@@ -195,8 +250,16 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     return {"reg": reg, "ce": ce, "top1": top1, "accept": accept}
 
 
-def self_generate(target: GPT, labels: Tensor, sampling: dict, seed: int, batch: int = 64) -> Tensor:
-    """Token sequences sampled from the target itself, one generator per sequence.
+def to_target(cond: Tensor, target: GPT) -> Tensor:
+    """Conditions on the target's device; caption features also in its dtype (labels stay integers)."""
+    w = target.output.weight
+    return cond.to(device=w.device, dtype=w.dtype if cond.is_floating_point() else cond.dtype)
+
+
+def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
+                  cond_mask: Tensor | None = None) -> Tensor:
+    """Token sequences sampled from the target itself for conditions `cond` (labels, caption features or
+    CaptionRows, with cond_mask for captions), one generator per sequence.
 
     Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
     an evaluation draws from (global seed, index).
@@ -209,16 +272,19 @@ def self_generate(target: GPT, labels: Tensor, sampling: dict, seed: int, batch:
         raise UserError(f"drafter self_sampling has an unknown key: {e}") from None
     out = []
     device = target.output.weight.device
-    for lo in tqdm(range(0, len(labels), batch), desc="self-generate", mininterval=2.0):
-        cond = labels[lo : lo + batch].to(device)
-        gens = [image_generator(image_seed(seed, -1), i) for i in range(lo, lo + len(cond))]
-        out.append(generate(target, cond, params, gens)[0].cpu())
+    for lo in tqdm(range(0, len(cond), batch), desc="self-generate", mininterval=2.0):
+        rows = torch.arange(lo, min(lo + batch, len(cond)))
+        c = to_target(cond[rows], target)
+        m = None if cond_mask is None else cond_mask[rows].to(device)
+        gens = [image_generator(image_seed(seed, -1), i) for i in rows.tolist()]
+        out.append(generate(target, c, params, gens, cond_mask=m)[0].cpu())
     return torch.cat(out)
 
 
-def train_drafter(target: GPT, tokens: Tensor, cond: Tensor, params: DrafterParams,
+def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
                   cond_mask: Tensor | None = None) -> tuple[Drafter, dict]:
-    """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels or features)."""
+    """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels, caption features,
+    or CaptionRows gathered batch by batch); the target's hidden states are computed per batch, never stored."""
     device = target.output.weight.device
     target.eval().requires_grad_(False)
     torch.manual_seed(params.seed)
@@ -235,7 +301,7 @@ def train_drafter(target: GPT, tokens: Tensor, cond: Tensor, params: DrafterPara
     batches = math.ceil(len(train_idx) / params.batch_size)
 
     def batch_of(idx, drop: bool):
-        c = cond[idx].to(device)
+        c = to_target(cond[idx], target)
         if drop:  # null-condition rows at the target's own class-dropout rate (global RNG, seeded above)
             c = target.drop_cond(c, target.args.class_dropout_prob)
         m = None if cond_mask is None else cond_mask[idx].to(device)
@@ -285,7 +351,7 @@ def evaluate(drafter: Drafter, target: GPT, batches: list, ce_weight: float) -> 
 def save_drafter(path: str | Path, drafter: Drafter, params: DrafterParams | None = None, **extra) -> None:
     obj = {
         "format": FORMAT, "drafter": drafter.trained_state(), "target_args": drafter.args.to_dict(),
-        "params": dataclasses.asdict(params) if params else {}, **extra,
+        "options": dataclasses.asdict(drafter.options), "params": dataclasses.asdict(params) if params else {}, **extra,
     }
     save_torch(obj, path)
 
@@ -296,7 +362,7 @@ def load_drafter(path: str | Path, target: GPT) -> Drafter:
 
     obj = read_checkpoint(path)
     if obj.get("format") != FORMAT:
-        raise UserError(f"{path} is not a drafter checkpoint written by `lantern train-drafter`")
+        raise UserError(f"{path} is not a drafter checkpoint written by `lantern train-drafter` or `lantern convert`")
     saved, have = obj["target_args"], target.args.to_dict()
     for key in ("dim", "vocab_size", "model_type", "cls_token_num", "image_tokens"):
         if saved.get(key) != have[key]:
@@ -304,14 +370,152 @@ def load_drafter(path: str | Path, target: GPT) -> Drafter:
                 f"drafter {path} was trained for a target with {key}={saved.get(key)}, but this target has "
                 f"{key}={have[key]}; train a drafter for this target (`lantern train-drafter`)"
             )
-    drafter = Drafter(ModelArgs(**saved))
+    try:
+        options = DrafterOptions(**obj.get("options", {}))
+    except TypeError as e:
+        raise UserError(f"drafter {path} has unusable options ({e}); rewrite it with this version of lantern") from None
+    drafter = Drafter(ModelArgs(**saved), options)
     missing = drafter.load_state_dict(obj["drafter"], strict=False).missing_keys
-    if any(k.startswith(TRAINED) for k in missing):
-        raise UserError(f"drafter {path} is incomplete: missing {', '.join(k for k in missing if k.startswith(TRAINED))}")
+    lacking = [k for k in missing if k.startswith(drafter.stored)]
+    if lacking:
+        raise UserError(f"drafter {path} is incomplete: missing {', '.join(lacking)}")
     w = target.output.weight
     drafter = drafter.to(device=w.device, dtype=w.dtype)
     drafter.copy_frozen(target)
     return drafter.eval().requires_grad_(False)
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+class CaptionRows:
+    """Caption features of several shards addressed by one row index and gathered batch by batch: the shards stay
+    memory-mapped, since a real set (100k captions x 120 x 2048 in fp16, ~49 GB) does not belong in RAM."""
+
+    def __init__(self, shards: list[Tensor], where: Tensor):
+        self.shards, self.where = shards, where  # where [n, 2]: (shard, row in shard) of each row
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, rows: Tensor) -> Tensor:
+        where = self.where[rows]
+        out = torch.empty(len(where), *self.shards[0].shape[1:], dtype=torch.float32)
+        for s in where[:, 0].unique().tolist():
+            pick = where[:, 0] == s
+            out[pick] = self.shards[s][where[pick, 1]].float()
+        return out
+
+    def subset(self, rows: Tensor) -> "CaptionRows":
+        return CaptionRows(self.shards, self.where[rows])
+
+    @staticmethod
+    def cat(parts: list["CaptionRows"]) -> "CaptionRows":
+        return CaptionRows(parts[0].shards, torch.cat([p.where for p in parts]))
+
+
+def _load(path: Path, flag: str, maker: str, mmap: bool = False) -> dict:
+    if not path.is_file():
+        raise UserError(f"{flag} {path} does not exist; make it with `{maker}`")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise UserError(f"{flag} {path} is unreadable (truncated or not a torch file): {type(e).__name__}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{flag} {path} is not a `{maker}` file")
+    return obj
+
+
+def read_caption_features(paths: list[str], target: GPT) -> tuple[dict[str, int], CaptionRows, Tensor]:
+    """(id -> row, every row as CaptionRows, masks [n, T]) of `lantern encode-captions` files, checked against the
+    target. Validated here until lantern.llamagen.captions.read_captions_file exists."""
+    a, index, shards, where, masks = target.args, {}, [], [], []
+    for s, path in enumerate(map(Path, paths)):
+        obj = _load(path, "--caption-features", "lantern encode-captions", mmap=True)
+        if obj.get("format") != CAPTIONS_FORMAT:
+            raise UserError(f"--caption-features {path} is not a {CAPTIONS_FORMAT} file; make it with `lantern encode-captions`")
+        feats, mask, ids = obj["features"], obj["mask"], list(obj["ids"])
+        if feats.ndim != 3 or tuple(feats.shape[1:]) != (a.cls_token_num, a.caption_dim) or len(ids) != len(feats) \
+                or tuple(mask.shape) != tuple(feats.shape[:2]):
+            raise UserError(
+                f"--caption-features {path} holds features {tuple(feats.shape)} for {len(ids)} ids with mask "
+                f"{tuple(mask.shape)}; the target needs [n, {a.cls_token_num}, {a.caption_dim}] and a mask [n, {a.cls_token_num}]")
+        for i, name in enumerate(ids):
+            if name in index:
+                raise UserError(f"--caption-features: id {name!r} appears twice (second time in {path}); give each shard once")
+            index[name] = len(index)
+        shards.append(feats)
+        where.append(torch.stack([torch.full((len(ids),), s), torch.arange(len(ids))], 1))
+        masks.append(mask.bool())
+    return index, CaptionRows(shards, torch.cat(where)), torch.cat(masks)
+
+
+def read_tokens(path: str | Path, target: GPT) -> dict:
+    """A `lantern tokenize` or `lantern encode-images` file, checked against the target: tokens [n, N] plus what
+    it holds of labels, ids, caption_features and caption_mask."""
+    path = Path(path)
+    obj = _load(path, "--tokens", "lantern tokenize` or `lantern encode-images")
+    if "tokens" not in obj:
+        raise UserError(f"--tokens {path} is not a `lantern tokenize` / `lantern encode-images` file (no tokens)")
+    tokens, a = obj["tokens"].long(), target.args
+    if tokens.ndim != 2 or tokens.shape[1] != a.image_tokens:
+        raise UserError(f"--tokens {path} holds sequences of {tuple(tokens.shape[1:])} tokens; the target makes {a.image_tokens}")
+    if tokens.max() >= a.vocab_size or tokens.min() < 0:
+        raise UserError(f"--tokens {path} has codes outside the target's vocabulary of {a.vocab_size}")
+    out = {"tokens": tokens, **{k: obj[k] for k in ("labels", "ids", "caption_features", "caption_mask") if k in obj}}
+    if a.model_type == "c2i":
+        if "labels" not in out:
+            raise UserError(f"--tokens {path} has no class labels; encode a class-folder layout (--layout classes)")
+        if out["labels"].max() >= a.num_classes:
+            raise UserError(f"--tokens {path} has class {int(out['labels'].max())}; the target knows {a.num_classes} classes")
+    return out
+
+
+def real_data(paths: list[str], target: GPT, captions) -> tuple[Tensor, object, Tensor | None]:
+    """(tokens, conditions, cond_mask) of --tokens files in order; t2i conditions come from the --caption-features
+    rows whose ids match (`captions` from read_caption_features) or else from the tokens files themselves."""
+    files = [read_tokens(p, target) for p in paths]
+    tokens = torch.cat([f["tokens"] for f in files])
+    if target.args.model_type == "c2i":
+        return tokens, torch.cat([f["labels"].long() for f in files]), None
+    if captions is None:
+        for p, f in zip(paths, files):
+            if "caption_features" not in f:
+                raise UserError(f"--tokens {p} carries no caption features; give --caption-features "
+                                "(`lantern encode-captions` files for its ids)")
+        feats = torch.cat([f["caption_features"].float() for f in files])
+        masks = [f.get("caption_mask") for f in files]
+        mask = None if any(m is None for m in masks) else torch.cat(masks).bool()
+        return tokens, feats, mask
+    index, rows, mask = captions
+    picks = []
+    for p, f in zip(paths, files):
+        if "ids" not in f:
+            raise UserError(f"--tokens {p} has no image ids to match --caption-features; make it with `lantern encode-images`")
+        missing = [i for i in f["ids"] if i not in index]
+        if missing:
+            raise UserError(f"--tokens {p}: id {missing[0]!r} (and {len(missing) - 1} more) has no row in --caption-features; "
+                            "encode the captions of every shard (`lantern encode-captions --prompts <shard>.csv`)")
+        picks += [index[i] for i in f["ids"]]
+    picks = torch.tensor(picks, dtype=torch.long)
+    return tokens, rows.subset(picks), mask[picks]
+
+
+def self_conditions(target: GPT, n: int, captions) -> tuple[object, Tensor | None]:
+    """Conditions of n self-generated sequences: classes in turn (c2i) or the --caption-features rows in turn."""
+    if target.args.model_type == "c2i":
+        return torch.arange(n) % target.args.num_classes, None
+    if captions is None:
+        raise UserError("self-generated text-to-image drafter data needs --caption-features (the captions to draw)")
+    _, rows, mask = captions
+    picks = torch.arange(n) % len(rows)
+    return rows.subset(picks), mask[picks]
+
+
+def _cat(conds: list):
+    return CaptionRows.cat(conds) if isinstance(conds[0], CaptionRows) else torch.cat(conds)
+
+
+def _take(cond, rows: Tensor):
+    return cond.subset(rows) if isinstance(cond, CaptionRows) else cond[rows]
 
 
 # -- CLI ----------------------------------------------------------------------------------------------------------
@@ -323,63 +527,46 @@ def params_from(mapping: dict) -> DrafterParams:
     return DrafterParams(**mapping)
 
 
-def read_tokens(path: str | Path, target: GPT):
-    """(tokens [n, N], cond, cond_mask or None) from a `lantern tokenize` file, checked against the target."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--tokens {path} does not exist; make it with `lantern tokenize`")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise UserError(f"--tokens {path} is unreadable (truncated or not a torch file): {type(e).__name__}") from None
-    if not isinstance(obj, dict) or "tokens" not in obj:
-        raise UserError(f"--tokens {path} is not a `lantern tokenize` file (no tokens)")
-    tokens, a = obj["tokens"].long(), target.args
-    if tokens.ndim != 2 or tokens.shape[1] != a.image_tokens:
-        raise UserError(f"--tokens {path} holds sequences of {tuple(tokens.shape[1:])} tokens; the target makes {a.image_tokens}")
-    if tokens.max() >= a.vocab_size or tokens.min() < 0:
-        raise UserError(f"--tokens {path} has codes outside the target's vocabulary of {a.vocab_size}")
-    if a.model_type == "c2i":
-        labels = obj["labels"].long()
-        if labels.max() >= a.num_classes:
-            raise UserError(f"--tokens {path} has class {int(labels.max())}; the target knows {a.num_classes} classes")
-        return tokens, labels, None
-    if "caption_features" not in obj:
-        raise UserError(f"--tokens {path} has no caption_features; a text-to-image drafter needs them")
-    return tokens, obj["caption_features"].float(), obj.get("caption_mask")
-
-
 def main(argv: list[str]) -> None:
     from .checkpoint import load_gpt, parse_device
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")
-    ap.add_argument("--tokens", help="`lantern tokenize` file of real image codes (data real / both)")
+    ap.add_argument("--target-spec", default=None, help="llamagen target config (JSON/YAML or file) for upstream files")
+    ap.add_argument("--tokens", nargs="+", help="`lantern tokenize` / `lantern encode-images` files (shards, in order)")
+    ap.add_argument("--caption-features", nargs="+", help="`lantern encode-captions` files covering the tokens' ids (t2i)")
     ap.add_argument("--out", required=True, help="drafter checkpoint")
     ap.add_argument("--params", default=None, help="DrafterParams (JSON/YAML or file)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter trains in fp32")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params))
     if params.data != "self" and not a.tokens:
-        raise UserError(f"drafter data {params.data} needs --tokens (a `lantern tokenize` file)")
+        raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:
         torch.set_num_threads(params.threads)
-    target = load_gpt(a.target, device=str(parse_device(a.device)))
+    spec = {"spec": read_structured(a.target_spec)} if a.target_spec else {}
+    target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(parse_device(a.device)))
+    captions = None
+    if a.caption_features:
+        if target.args.model_type != "t2i":
+            raise UserError("--caption-features is for text-to-image targets; this target is class-conditional")
+        captions = read_caption_features(a.caption_features, target)
     parts = []
     if params.data != "self":
-        parts.append(read_tokens(a.tokens, target))
+        parts.append(real_data(a.tokens, target, captions))
     if params.data != "real":
-        if target.args.model_type != "c2i":
-            raise UserError("self-generated drafter data is only available for class-conditional targets")
-        labels = torch.arange(params.n_self) % target.args.num_classes
-        parts.append((self_generate(target, labels, params.self_sampling, params.seed), labels, None))
-    tokens = torch.cat([p[0] for p in parts])
-    cond = torch.cat([p[1] for p in parts])
-    cond_mask = parts[0][2] if len(parts) == 1 else None
+        cond, mask = self_conditions(target, params.n_self, captions)
+        parts.append((self_generate(target, cond, params.self_sampling, params.seed, cond_mask=mask), cond, mask))
+    tokens, cond = torch.cat([p[0] for p in parts]), _cat([p[1] for p in parts])
+    masks = [p[2] for p in parts]
+    cond_mask = None if any(m is None for m in masks) else torch.cat(masks)
     if params.max_sequences:
-        tokens, cond = tokens[: params.max_sequences], cond[: params.max_sequences]
-        cond_mask = None if cond_mask is None else cond_mask[: params.max_sequences]
+        keep = torch.arange(min(params.max_sequences, len(tokens)))
+        tokens, cond = tokens[keep], _take(cond, keep)
+        cond_mask = None if cond_mask is None else cond_mask[keep]
     drafter, metrics = train_drafter(target, tokens, cond, params, cond_mask)
-    save_drafter(a.out, drafter, params, metrics=metrics, target=str(a.target), tokens=str(a.tokens))
+    save_drafter(a.out, drafter, params, metrics=metrics, target=str(a.target), tokens=a.tokens or [],
+                 caption_features=a.caption_features or [])
     last = metrics["history"][-1]
     print(f"drafter -> {a.out}: val top-1 agreement {last['val_top1']:.3f}, val acceptance {last['val_accept']:.3f}")
