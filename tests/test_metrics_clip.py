@@ -1,15 +1,17 @@
 """The toy CLIP (open_clip classes, ClipLoss): it learns the toy captions, reloads through open_clip, scores
-matching captions above shuffled ones, and serves as a torch-fidelity feature extractor."""
+matching captions above shuffled ones, and serves as a torch-fidelity feature extractor. Published CLIPs: local files
+in every layout open_clip reads (a tiny custom architecture stands in for ViT-B-32-quickgelu)."""
 
 import json
 
+import open_clip
 import pytest
 import torch
 
 from lantern.data import make_dataset
 from lantern.errors import UserError
 from lantern.metrics import train_clip
-from lantern.metrics.clip import clip_scores, load_clip
+from lantern.metrics.clip import ClipScoreParams, clip_cosines, clip_score, load_clip, weights_format
 from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
 from lantern.metrics.images import ImageSet
 
@@ -47,8 +49,8 @@ def test_clip_score_matching_above_shuffled(trained):
     out, data, n, p = trained
     net, tok = load_clip("", str(out))
     images, caps = data["images"][n:], data["captions"][n:]
-    match = clip_scores(net, tok, images, caps, batch_size=64).mean().item()
-    shuffled = clip_scores(net, tok, images, caps[7:] + caps[:7], batch_size=64).mean().item()
+    match = clip_score(clip_cosines(net, tok, images, caps, batch_size=64)).mean().item()
+    shuffled = clip_score(clip_cosines(net, tok, images, caps[7:] + caps[:7], batch_size=64)).mean().item()
     print(f"CLIP score (100 * max(cos, 0)) matching {match:.1f}, shuffled captions {shuffled:.1f}")
     assert match > shuffled + 10
 
@@ -58,7 +60,7 @@ def test_reload_gives_identical_embeddings(trained):
     a, tok = load_clip("", str(out))
     b, _ = load_clip("", str(out))
     x = data["images"][:4]
-    assert torch.equal(clip_scores(a, tok, x, data["captions"][:4]), clip_scores(b, tok, x, data["captions"][:4]))
+    assert torch.equal(clip_cosines(a, tok, x, data["captions"][:4]), clip_cosines(b, tok, x, data["captions"][:4]))
     assert json.loads(out.with_suffix(".json").read_text())["vision_cfg"]["image_size"] == 32
 
 
@@ -112,3 +114,79 @@ def test_train_clip_cli_with_vq_reconstructions(tmp_path, capsys):
     with pytest.raises(UserError, match="unknown key bogus"):
         train_clip.main(["--data", str(tmp_path / "data.pt"), "--out", str(tmp_path / "d.pt"),
                          "--params", "{bogus: 1}"])
+
+
+def tiny_config(folder, name, quick_gelu):
+    """A ViT CLIP small enough for CI, registered with open_clip under `name` (the file's stem)."""
+    cfg = {"embed_dim": 16, "quick_gelu": quick_gelu,
+           "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
+           "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    open_clip.add_model_config(path)
+
+
+class OpenAIArchive(torch.nn.Module):
+    """The top-level names of OpenAI's released CLIP TorchScript files (those open_clip's CLIP uses too), plus the
+    scalar tensors open_clip drops when it reads one; open_clip's own causal-mask buffer is left out, as theirs has
+    none."""
+
+    def __init__(self, net):
+        super().__init__()
+        for name in ("visual", "transformer", "token_embedding", "ln_final"):
+            setattr(self, name, getattr(net, name))
+        for name in ("positional_embedding", "text_projection", "logit_scale"):
+            setattr(self, name, getattr(net, name))
+        for name, value in (("input_resolution", 32), ("context_length", 77), ("vocab_size", 49408)):
+            self.register_buffer(name, torch.tensor(value))
+
+    def forward(self, image):
+        return self.visual(image)
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tinyclip")
+    tiny_config(folder, "lantern-test-tiny-quickgelu", True)
+    tiny_config(folder, "lantern-test-tiny", False)
+    torch.manual_seed(0)
+    net = open_clip.create_model("lantern-test-tiny-quickgelu").eval()
+    return folder, net
+
+
+def layouts(folder, net):
+    """The same weights in every local-file layout open_clip 3.3's create_model(pretrained=<file>) reads."""
+    from safetensors.torch import save_file
+
+    sd = net.state_dict()
+    torch.save(sd, folder / "state_dict.pt")
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in sd.items()}}, folder / "training.pt")
+    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "weights.safetensors")
+    torch.jit.save(torch.jit.script(OpenAIArchive(net)), folder / "openai.pt")
+    return {"state_dict.pt": "state dict", "training.pt": "state dict", "weights.safetensors": "safetensors",
+            "openai.pt": "TorchScript archive"}
+
+
+def test_local_clip_files_in_every_layout_load_identically(tiny_clip):
+    folder, net = tiny_clip
+    images = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+    captions = ["a red circle", "a blue star", "an orange ring"]
+    tok = open_clip.get_tokenizer("lantern-test-tiny-quickgelu")
+    want = clip_cosines(net, tok, images, captions)
+    for file, layout in layouts(folder, net).items():
+        assert weights_format(folder / file) == layout, file
+        loaded, tokenizer = load_clip("lantern-test-tiny-quickgelu", str(folder / file))
+        assert torch.equal(clip_cosines(loaded, tokenizer, images, captions), want), file
+    with pytest.raises(UserError, match="TorchScript CLIP .* uses GELU: set clip.model to its -quickgelu variant"):
+        load_clip("lantern-test-tiny", str(folder / "openai.pt"))
+    with pytest.raises(UserError, match="cannot load .*state_dict.pt as open_clip lantern-test-tiny-quickgelu"):
+        torch.save({"visual.proj": torch.zeros(2)}, folder / "state_dict.pt")
+        load_clip("lantern-test-tiny-quickgelu", str(folder / "state_dict.pt"))
+
+
+def test_clip_score_and_raw_cosine():
+    cos = torch.tensor([0.31, -0.05, 0.0])
+    assert torch.allclose(clip_score(cos), torch.tensor([31.0, 0.0, 0.0]))
+    # OpenAI's ViT-B/32 release is the QuickGELU architecture: the default must name it, and open_clip must know it
+    assert ClipScoreParams().model == "ViT-B-32-quickgelu" in open_clip.list_models()
+    assert open_clip.get_model_config("ViT-B-32-quickgelu")["quick_gelu"] is True

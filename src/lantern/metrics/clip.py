@@ -1,15 +1,20 @@
 """CLIP score through open_clip, and the toy CLIP's image tower as a torch-fidelity feature extractor.
 
-Convention (as torchmetrics' CLIPScore): score = 100 * max(cos(image, prompt_prefix + caption), 0), averaged over
-images. A CLIP is an open_clip architecture plus a local weights file: a named architecture ("ViT-B-32" with the
-paper's prompt prefix "A photo depicts ") for real runs, or the toy CLIP, whose open_clip model config is the JSON
-file written beside its weights by `lantern train-clip` (toyclip.pt + toyclip.json; the model name is the stem).
+Two conventions, both reported: clip_score (as torchmetrics' CLIPScore) = 100 * max(cos(image, prompt_prefix +
+caption), 0), and clip_cosine = the raw cosine (what the LANTERN papers quote), each averaged over images.
+A CLIP is an open_clip architecture plus a local weights file: a named architecture for real runs (OpenAI's ViT-B/32,
+trained with QuickGELU, is "ViT-B-32-quickgelu"; the paper's prompt prefix "A photo depicts "), or the toy CLIP, whose
+open_clip model config is the JSON file written beside its weights by `lantern train-clip` (toyclip.pt + toyclip.json;
+the model name is the stem). Local files in every layout open_clip 3.3 reads: a state dict (also a training checkpoint
+{"state_dict": ...}), safetensors, a big_vision .npz, or a TorchScript archive (OpenAI's released files).
 Nothing is ever downloaded.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +29,7 @@ from torch_fidelity import FeatureExtractorBase  # noqa: E402
 
 from ..data import CLASS_NAMES  # noqa: E402
 from ..errors import UserError  # noqa: E402
+from .captions import name_caption  # noqa: E402
 
 PROMPT_PREFIX = "A photo depicts "
 
@@ -31,20 +37,33 @@ PROMPT_PREFIX = "A photo depicts "
 @dataclass
 class ClipScoreParams:
     enabled: bool = True
-    model: str = "ViT-B-32"  # open_clip architecture; "" = the JSON config beside weights_path (toy CLIP)
-    weights_path: str = ""  # local checkpoint (open_clip state dict)
+    model: str = "ViT-B-32-quickgelu"  # open_clip architecture; "" = the JSON config beside weights_path (toy CLIP)
+    weights_path: str = ""  # local checkpoint (see the module docstring for the layouts)
     prompt_prefix: str = PROMPT_PREFIX
+    class_names: str = "toy"  # captions of class labels: toy | imagenet | a text file, one name per line
     batch_size: int = 64
 
 
 def class_caption(label: int) -> str:
-    """Caption of a class-conditional sample, which knows only its class (the toy CLIP is trained on these too)."""
-    name = CLASS_NAMES[label]
-    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+    """Caption of a toy-world class-conditional sample (the toy CLIP is trained on these too)."""
+    return name_caption(CLASS_NAMES[label])
 
 
 def config_path(weights_path: str | os.PathLike) -> Path:
     return Path(weights_path).with_suffix(".json")
+
+
+def weights_format(path: str | os.PathLike) -> str:
+    """The layout open_clip will read `path` as (mirrors open_clip.factory.load_checkpoint's dispatch)."""
+    if Path(path).suffix in (".npz", ".npy"):
+        return "big_vision numpy"
+    if str(path).endswith(".safetensors"):
+        return "safetensors"
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            if any(n.count("/") == 1 and n.endswith("/constants.pkl") for n in z.namelist()):
+                return "TorchScript archive"
+    return "state dict"
 
 
 def load_clip(model: str, weights_path: str, device: str | torch.device = "cpu", key: str = "clip.weights_path"):
@@ -65,9 +84,16 @@ def load_clip(model: str, weights_path: str, device: str | torch.device = "cpu",
         name = cfg.stem
     if name not in open_clip.list_models():
         raise UserError(f"unknown open_clip model {name!r}; e.g. ViT-B-32 (OpenAI weights: ViT-B-32-quickgelu)")
+    jit = weights_format(weights_path) == "TorchScript archive"
+    if jit and not open_clip.get_model_config(name).get("quick_gelu", False):
+        # strict loading would succeed and the GELU/QuickGELU mismatch would silently shift every score
+        raise UserError(f"{weights_path} is a TorchScript CLIP (OpenAI's release format, trained with QuickGELU) but "
+                        f"open_clip {name} uses GELU: set clip.model to its -quickgelu variant (ViT-B-32-quickgelu)")
     try:
-        net = open_clip.create_model(name, pretrained=str(weights_path), device=device)
-    except (RuntimeError, KeyError, ValueError, OSError, AssertionError) as e:  # open_clip asserts on shapes
+        # torch.load refuses TorchScript archives under weights_only and hands them to torch.jit.load, which
+        # restores modules and tensors rather than unpickling arbitrary objects
+        net = open_clip.create_model(name, pretrained=str(weights_path), device=device, weights_only=not jit)
+    except (RuntimeError, KeyError, ValueError, OSError, AssertionError, pickle.UnpicklingError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot load {weights_path} as open_clip {name}: {first}") from None
     return net.eval(), open_clip.get_tokenizer(name)
@@ -107,9 +133,15 @@ def embed_texts(net: nn.Module, tokenizer, texts: list[str], device) -> torch.Te
     return net.encode_text(tokenizer(texts).to(device), normalize=True)
 
 
-def clip_scores(net: nn.Module, tokenizer, images, captions: list[str], prefix: str = PROMPT_PREFIX,
-                batch_size: int = 64) -> torch.Tensor:
-    """Per-image 100 * max(cos, 0). `images`: uint8 tensor [N, 3, H, W] or an ImageSet."""
+def clip_score(cosines: torch.Tensor) -> torch.Tensor:
+    """torchmetrics' CLIPScore convention: 100 * max(cos, 0)."""
+    return 100 * cosines.clamp(min=0)
+
+
+def clip_cosines(net: nn.Module, tokenizer, images, captions: list[str], prefix: str = PROMPT_PREFIX,
+                 batch_size: int = 64) -> torch.Tensor:
+    """Per-image cosine of image and prefixed caption embeddings. `images`: uint8 tensor [N, 3, H, W] or an
+    ImageSet."""
     if len(images) != len(captions):
         raise ValueError(f"{len(images)} images but {len(captions)} captions")
     device = next(net.parameters()).device
@@ -120,7 +152,7 @@ def clip_scores(net: nn.Module, tokenizer, images, captions: list[str], prefix: 
         batch = images[lo:hi] if torch.is_tensor(images) else images.batch(lo, hi)
         img = embed_images(net, prep, batch.to(device))
         txt = embed_texts(net, tokenizer, [prefix + c for c in captions[lo:hi]], device)
-        out.append(100 * (img * txt).sum(-1).clamp(min=0).cpu())
+        out.append((img * txt).sum(-1).cpu())
     return torch.cat(out)
 
 

@@ -1,23 +1,29 @@
 """FID, KID and precision/recall through torch-fidelity, with the feature extractor chosen by config.
 
-Every number comes from `torch_fidelity.calculate_metrics`; this module only picks the extractor, checks inputs,
+Every number comes from torch-fidelity (`calculate_metrics`; against stored FID statistics, its
+`fid_input_id_to_statistics` and `fid_statistics_to_metric`); this module only picks the extractors, checks inputs,
 keys the reference-feature cache and records the protocol. input1 is always the generated set, input2 the reference
-(torch-fidelity's precision = share of generated samples inside the reference manifold).
+(torch-fidelity's precision = share of generated samples inside the reference manifold). Precision/recall use VGG16
+features when `vgg16_weights` is given (as the papers), else the FID extractor's.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch_fidelity
+from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_input_id_to_statistics, fid_statistics_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor
 
 from ..errors import UserError
 from ..io import sha256_file
-from .images import ImageSet, describe_resize
+from .images import RESIZE_FILTERS, ImageSet
+from .reference import FidStatistics
 
 # torch-fidelity's own extractors download their weights when no file is given: here a file is always required.
 BUILTIN_WEIGHTS = {
@@ -30,6 +36,8 @@ INTERNAL_RESIZE = {
     "inception-v3-compat": "TF1-compatible bilinear to 299x299",
     "vgg16": "TF1-compatible bilinear to 224x224",
 }
+# the features behind published FID statistics (ADM / LlamaGen .npz: TF-Inception pool_3, 2048-d)
+STATISTICS_EXTRACTOR = "inception-v3-compat"
 # domain extractors: name -> "module:class", imported and registered on first use
 DOMAIN_EXTRACTORS = {
     "toyclip": "lantern.metrics.clip:ToyClipFeatures",
@@ -40,9 +48,10 @@ DOMAIN_EXTRACTORS = {
 class FidelityParams:
     extractor: str = "inception-v3-compat"  # torch-fidelity extractor name, or a domain one ("toyclip")
     weights_path: str = ""  # extractor weights file (Inception: weights-inception-2015-12-05-6726825d.pth)
-    prc_extractor: str = ""  # precision/recall extractor; "" = same as `extractor` (paper: "vgg16")
-    prc_weights_path: str = ""
-    resolution: int = 0  # 0: images as stored (both sets must share one size); else resize + center-crop both
+    vgg16_weights: str = ""  # torchvision vgg16 state dict: precision/recall on VGG16 features (the papers'); "" = on
+    #                          `extractor`'s features
+    resolution: int = 0  # 0: images as stored (both sets must share one size); else resize + centre-crop both
+    resize_filter: str = "lanczos"  # PIL filter of that resize: lanczos | bicubic | bilinear
     kid_subset_size: int = 1000  # clamped to the smaller set
     kid_subsets: int = 100
     prc_neighborhood: int = 3
@@ -55,6 +64,9 @@ class FidelityParams:
             raise UserError("fidelity resolution must be >= 0 and kid_subsets, prc_neighborhood, batch_size >= 1")
         if self.kid_subset_size < 2:
             raise UserError(f"fidelity kid_subset_size must be >= 2, got {self.kid_subset_size}")
+        if self.resize_filter not in RESIZE_FILTERS:
+            raise UserError(f"fidelity.resize_filter = {self.resize_filter!r} must be one of "
+                            f"{', '.join(RESIZE_FILTERS)}")
 
 
 def register_extractor(name: str, cls) -> None:
@@ -100,60 +112,114 @@ def check_weights(extractor: str, weights_path: str, key: str) -> str:
     return sha256_file(weights_path)
 
 
-def _describe_resize(extractor: str, resolution: int) -> str:
+def _input_resize(extractor: str) -> str:
     cls = FEATURE_EXTRACTORS_REGISTRY.get(extractor)
-    internal = INTERNAL_RESIZE.get(extractor) or getattr(cls, "internal_resize", "see the extractor")
-    return f"{describe_resize(resolution)}; then {extractor}: {internal}"
+    return INTERNAL_RESIZE.get(extractor) or getattr(cls, "internal_resize", "see the extractor")
 
 
-def _try_build(extractor: str, weights_path: str, key: str) -> None:
+def _layer(extractor: str, metric: str) -> str:
+    return FEATURE_EXTRACTORS_REGISTRY[extractor].get_default_feature_layer_for_metric(metric)
+
+
+def _build(extractor: str, weights_path: str, key: str, metric: str):
     """Construct the extractor once up front, so a wrong weights file fails before any feature extraction."""
     try:
-        create_feature_extractor(extractor, [_default_layer(extractor)], cuda=False,
-                                 feature_extractor_weights_path=weights_path or None, verbose=False)
-    except (RuntimeError, KeyError, ValueError, OSError) as e:
+        return create_feature_extractor(extractor, [_layer(extractor, metric)], cuda=False,
+                                        feature_extractor_weights_path=weights_path or None, verbose=False)
+    except (RuntimeError, KeyError, ValueError, OSError, pickle.UnpicklingError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot load {extractor} weights from {weights_path} ({key}): {first}") from None
 
 
-def _default_layer(extractor: str) -> str:
-    return FEATURE_EXTRACTORS_REGISTRY[extractor].get_default_feature_layer_for_metric("fid")
+def _check_statistics_dim(reference: FidStatistics, extractor: str, net) -> None:
+    with torch.no_grad():
+        dim = net(net.get_dummy_input_for_compile())[0].shape[1]
+    if reference.mu.shape[0] != dim:
+        raise UserError(f"reference {reference.source}: mu has {reference.mu.shape[0]} dims but {extractor} "
+                        f"{_layer(extractor, 'fid')} features have {dim}; give statistics of those features")
 
 
-def fidelity_metrics(generated: ImageSet, reference: ImageSet, p: FidelityParams, verbose: bool = False) -> dict:
-    """FID, KID and precision/recall of the generated set against the reference set, plus their protocol."""
-    n_gen, n_ref = len(generated), len(reference)
-    if min(n_gen, n_ref) < 2:
-        raise UserError(f"FID/KID need at least 2 images per set, got {n_gen} generated and {n_ref} reference")
-    if not p.resolution and generated.size != reference.size:
+def _fid_from_statistics(generated: ImageSet, reference: FidStatistics, net, p: FidelityParams, verbose: bool):
+    cuda = torch.cuda.is_available()
+    net = net.cuda() if cuda else net
+    stats = fid_input_id_to_statistics(1, net, _layer(p.extractor, "fid"), cuda=cuda, cache=False,
+                                       input1=generated.dataset(p.resolution, p.resize_filter),
+                                       batch_size=p.batch_size, save_cpu_ram=True, verbose=verbose)
+    # torch-fidelity's mu is float32 (its sigma float64), stored statistics are float64: compare in float64
+    ours = {k: np.asarray(v, dtype=np.float64) for k, v in stats.items()}
+    return fid_statistics_to_metric(ours, {"mu": reference.mu, "sigma": reference.sigma}, verbose)[KEY_METRIC_FID]
+
+
+def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p: FidelityParams,
+                     verbose: bool = False) -> dict:
+    """FID, KID and precision/recall of the generated set against the reference, plus their protocol. Against FID
+    statistics only FID is computed; the other metrics are None and `fidelity_skipped` says why."""
+    statistics = isinstance(reference, FidStatistics)
+    n_gen, n_ref = len(generated), (None if statistics else len(reference))
+    if n_gen < 2 or (n_ref is not None and n_ref < 2):
+        raise UserError(f"FID/KID need at least 2 images per set, got {n_gen} generated"
+                        + (f" and {n_ref} reference" if n_ref is not None else ""))
+    if statistics and p.extractor != STATISTICS_EXTRACTOR:
+        raise UserError(f"reference {reference.source} holds precomputed FID statistics, which (ADM / LlamaGen .npz) "
+                        f"come from the TF Inception: set fidelity.extractor: {STATISTICS_EXTRACTOR} and its weights")
+    if not statistics and not p.resolution and generated.size != reference.size:
         (gw, gh), (rw, rh) = generated.size, reference.size
         raise UserError(f"generated images are {gw}x{gh} but reference images are {rw}x{rh}: set "
                         f"fidelity.resolution to compare both at one size")
-    prc_extractor = p.prc_extractor or p.extractor
-    prc_weights = p.prc_weights_path if p.prc_extractor else p.weights_path
+    use_vgg = bool(p.vgg16_weights) and not statistics
+    prc_extractor, prc_weights = ("vgg16", p.vgg16_weights) if use_vgg else (p.extractor, p.weights_path)
     for name in {p.extractor, prc_extractor}:
         _ensure_registered(name)
     sha = check_weights(p.extractor, p.weights_path, "fidelity.weights_path")
-    prc_sha = check_weights(prc_extractor, prc_weights, "fidelity.prc_weights_path") if p.prc_extractor else sha
-    _try_build(p.extractor, p.weights_path, "fidelity.weights_path")
+    prc_sha = check_weights(prc_extractor, prc_weights, "fidelity.vgg16_weights") if use_vgg else sha
+    net = _build(p.extractor, p.weights_path, "fidelity.weights_path", "fid")
     separate_prc = (prc_extractor, prc_weights) != (p.extractor, p.weights_path)
     if separate_prc:
-        _try_build(prc_extractor, prc_weights, "fidelity.prc_weights_path")
+        _build(prc_extractor, prc_weights, "fidelity.vgg16_weights", "prc")
+    if statistics:
+        _check_statistics_dim(reference, p.extractor, net)
 
     res = f"{p.resolution}x{p.resolution}" if p.resolution else "x".join(map(str, generated.size))
-    ref_key = reference.fingerprint()[:16]
+    ref_sha = reference.sha256 if statistics else reference.fingerprint()
+    row = {
+        "fid_backend": f"torch-fidelity {torch_fidelity.__version__}",
+        "fid_extractor": p.extractor,
+        "fid_feature_layer": _layer(p.extractor, "fid"),
+        "fid_weights_sha256": sha,
+        "fid_input_resize": _input_resize(p.extractor),
+        "n_generated": n_gen,
+        "n_reference": n_ref,
+        "reference": reference.source,
+        "reference_kind": reference.kind,
+        "reference_sha256": ref_sha,
+        "resolution": res,
+        "resize_filter": f"PIL {p.resize_filter}" if p.resolution else "none",
+        "crop": f"centre {res}" if p.resolution else "none",
+        "fidelity_seed": p.seed,
+    }
+    if statistics:
+        fid = _fid_from_statistics(generated, reference, net, p, verbose)
+        return {"fid": fid, "kid_mean": None, "kid_std": None, "precision": None, "recall": None, "f_score": None,
+                **row, "fid_reference_features": f"precomputed {reference.mu.shape[0]}-d mu/sigma; ADM / LlamaGen "
+                f"files hold TF-Inception pool_3 statistics, which {STATISTICS_EXTRACTOR} reproduces",
+                "fidelity_skipped": "kid, precision, recall: the reference holds FID statistics, not images",
+                "prc_extractor": None, "prc_feature_layer": None, "prc_weights_sha256": None,
+                "prc_input_resize": None, "prc_neighborhood": None, "kid_subset_size": None, "kid_subsets": None}
+
     kid_subset_size = min(p.kid_subset_size, n_gen, n_ref)
     common = dict(
-        input1=generated.dataset(p.resolution), input2=reference.dataset(p.resolution),
+        input1=generated.dataset(p.resolution, p.resize_filter),
+        input2=reference.dataset(p.resolution, p.resize_filter),
         cuda=torch.cuda.is_available(), batch_size=p.batch_size, save_cpu_ram=True, verbose=verbose,
         rng_seed=p.seed, cache=bool(p.cache_dir), cache_root=p.cache_dir or None,
         kid_subset_size=kid_subset_size, kid_subsets=p.kid_subsets, prc_neighborhood=p.prc_neighborhood,
     )
+    resize_key = f"r{res}-{p.resize_filter}" if p.resolution else f"r{res}"
 
     def run(extractor, weights, weights_sha, **metrics):
-        # one cache entry per (reference content, extractor, weights checksum, resolution); torch-fidelity appends
-        # the extractor name and feature layer to this name
-        cache_name = f"ref-{ref_key}-w{weights_sha[:16]}-r{res}" if p.cache_dir else None
+        # one cache entry per (reference content, extractor, weights checksum, resolution and filter); torch-fidelity
+        # appends the extractor name and feature layer to this name
+        cache_name = f"ref-{ref_sha[:16]}-w{weights_sha[:16]}-{resize_key}" if p.cache_dir else None
         return torch_fidelity.calculate_metrics(**common, **metrics, feature_extractor=extractor,
                                                 feature_extractor_weights_path=weights or None,
                                                 input2_cache_name=cache_name)
@@ -168,20 +234,14 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet, p: FidelityParams
         "precision": out["precision"],
         "recall": out["recall"],
         "f_score": out["f_score"],
-        "fid_backend": f"torch-fidelity {torch_fidelity.__version__}",
-        "fid_extractor": p.extractor,
-        "fid_feature_layer": _default_layer(p.extractor),
-        "fid_weights_sha256": sha,
+        **row,
+        "fid_reference_features": f"{p.extractor} on the reference images",
+        "fidelity_skipped": "none",
         "prc_extractor": prc_extractor,
+        "prc_feature_layer": _layer(prc_extractor, "prc"),
         "prc_weights_sha256": prc_sha,
+        "prc_input_resize": _input_resize(prc_extractor),
         "prc_neighborhood": p.prc_neighborhood,
         "kid_subset_size": kid_subset_size,
         "kid_subsets": p.kid_subsets,
-        "n_generated": n_gen,
-        "n_reference": n_ref,
-        "reference": reference.source,
-        "reference_sha256_16": ref_key,
-        "resolution": res,
-        "resize_filter": _describe_resize(p.extractor, p.resolution),
-        "fidelity_seed": p.seed,
     }

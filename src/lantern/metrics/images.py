@@ -1,5 +1,6 @@
-"""Image sets to score: PNG/JPEG files from one or more folders (e.g. the shards of one sweep point), or the uint8
-images of a `lantern make-data` file (the toy world's reference set, no PNG round trip needed: PNG is lossless)."""
+"""Image sets to score: PNG/JPEG files from one or more folders (the shards of one sweep point, or a reference folder
+searched recursively), or the uint8 images of a `lantern make-data` file (the toy world's reference set, no PNG round
+trip needed: PNG is lossless). Both sets pass through one PIL resize + centre crop when a resolution is set."""
 
 from __future__ import annotations
 
@@ -18,22 +19,34 @@ from torch_fidelity.utils import glob_samples_paths
 
 from ..errors import UserError
 
-IMAGE_EXTS = "png,jpg,jpeg"
+IMAGE_EXTS = "png,jpg,jpeg"  # matched case-insensitively (ImageNet's .JPEG included)
+RESIZE_FILTERS = {"lanczos": Image.Resampling.LANCZOS, "bicubic": Image.Resampling.BICUBIC,
+                  "bilinear": Image.Resampling.BILINEAR}
 
 
-def _transforms(resolution: int):
-    """torch-fidelity's own folder pipeline (samples_resize_and_crop), applied to every set alike."""
-    steps = [T.Resize(resolution), T.CenterCrop(resolution)] if resolution else []
+class ResizeCentreCrop:
+    """PIL resize of the short side to `size`, then the central size x size crop (offsets rounded down, as ADM's
+    center_crop_arr). An image already size x size comes back pixel-identical: PIL copies on a same-size resize."""
+
+    def __init__(self, size: int, resize_filter: str):
+        self.size, self.resample = size, RESIZE_FILTERS[resize_filter]
+
+    def __call__(self, im: Image.Image) -> Image.Image:
+        w, h = im.size
+        scale = self.size / min(w, h)
+        im = im.resize((max(self.size, round(w * scale)), max(self.size, round(h * scale))), self.resample)
+        left, top = (im.width - self.size) // 2, (im.height - self.size) // 2
+        return im.crop((left, top, left + self.size, top + self.size))
+
+
+def _transforms(resolution: int, resize_filter: str):
+    steps = [ResizeCentreCrop(resolution, resize_filter)] if resolution else []
     return T.Compose(steps + [TransformPILtoRGBTensor()])
 
 
-def describe_resize(resolution: int) -> str:
-    return f"torchvision Resize({resolution}, bilinear, antialias) + CenterCrop({resolution})" if resolution else "none"
-
-
 class _TensorImages(Dataset):
-    def __init__(self, images: torch.Tensor, resolution: int):
-        self.images, self.resolution, self.tf = images, resolution, _transforms(resolution)
+    def __init__(self, images: torch.Tensor, resolution: int, resize_filter: str):
+        self.images, self.resolution, self.tf = images, resolution, _transforms(resolution, resize_filter)
 
     def __len__(self):
         return len(self.images)
@@ -43,27 +56,32 @@ class _TensorImages(Dataset):
 
 
 class ImageSet:
-    def __init__(self, source: str, files: list[str] | None = None, images: torch.Tensor | None = None):
+    """`names`: each file's path relative to its folder (the fingerprint's key, so a moved copy hashes the same)."""
+
+    def __init__(self, source: str, files: list[str] | None = None, images: torch.Tensor | None = None,
+                 names: list[str] | None = None):
         self.source, self.files, self.images = source, files, images
+        self.names = names if names is not None or files is None else [os.path.basename(f) for f in files]
 
     @classmethod
-    def from_folders(cls, folders: list[str | os.PathLike], what: str) -> "ImageSet":
-        files = []
+    def from_folders(cls, folders: list[str | os.PathLike], what: str, recursive: bool = False) -> "ImageSet":
+        files, names = [], []
         for folder in folders:
             if not os.path.isdir(folder):
                 raise UserError(f"{what} folder not found: {folder}")
-            found = glob_samples_paths(str(folder), False, IMAGE_EXTS, None, verbose=False)
+            found = glob_samples_paths(str(folder), recursive, IMAGE_EXTS, None, verbose=False)
             if not found:
-                raise UserError(f"{what} folder {folder} holds no images ({IMAGE_EXTS})")
+                raise UserError(f"{what} folder {folder} holds no images ({IMAGE_EXTS}"
+                                f"{', subfolders searched' if recursive else ''})")
             files += found
-        names = [os.path.basename(f) for f in files]
+            names += [os.path.relpath(f, folder) for f in found]
         if len(set(names)) != len(names):
             raise UserError(f"{what}: the same file name appears in two folders of {', '.join(map(str, folders))}")
-        return cls(", ".join(map(str, folders)), files=files)
+        return cls(", ".join(map(str, folders)), files=files, names=names)
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, what: str) -> "ImageSet":
-        """A folder of images, or a `lantern make-data` file."""
+        """A folder of images (subfolders included, as ImageNet's class folders), or a `lantern make-data` file."""
         if os.path.isfile(path):
             from ..data import load_data
 
@@ -72,7 +90,11 @@ class ImageSet:
                 raise UserError(f"{what} {path}: images must be uint8 [N, 3, H, W], got {images.dtype} "
                                 f"{tuple(images.shape)}")
             return cls(str(path), images=images)
-        return cls.from_folders([path], what)
+        return cls.from_folders([path], what, recursive=True)
+
+    @property
+    def kind(self) -> str:
+        return "make-data file" if self.images is not None else "image folder"
 
     def __len__(self) -> int:
         return len(self.files) if self.files is not None else len(self.images)
@@ -91,15 +113,15 @@ class ImageSet:
         if self.images is not None:
             h.update(str(tuple(self.images.shape)).encode() + self.images.contiguous().numpy().tobytes())
             return h.hexdigest()
-        for f in sorted(self.files, key=os.path.basename):
-            h.update(os.path.basename(f).encode() + b"\0" + Path(f).read_bytes())
+        for name, f in sorted(zip(self.names, self.files)):
+            h.update(name.encode() + b"\0" + Path(f).read_bytes())
         return h.hexdigest()
 
-    def dataset(self, resolution: int = 0) -> Dataset:
+    def dataset(self, resolution: int = 0, resize_filter: str = "lanczos") -> Dataset:
         """uint8 [3, H, W] items, as torch-fidelity wants them."""
         if self.images is not None:
-            return _TensorImages(self.images, resolution)
-        return ImagesPathDataset(self.files, _transforms(resolution))
+            return _TensorImages(self.images, resolution, resize_filter)
+        return ImagesPathDataset(self.files, _transforms(resolution, resize_filter))
 
     def indices(self) -> list[int]:
         """Image index of every file, from the digits of its name (`lantern sample` writes 000123.png)."""
