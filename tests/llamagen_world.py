@@ -89,6 +89,7 @@ def build_world(root: Path) -> dict[str, str]:
     save_checkpoint(root / "vq_ds16_tiny.pt", VQModel(VQ_ARGS), args=dataclasses.asdict(VQ_ARGS))
 
     annotations = [{"image_id": 100 + i, "id": 1000 + i, "caption": c} for i, c in enumerate(CAPTIONS)]
+    annotations += [{"image_id": 100 + i, "id": 2000 + i, "caption": "a photo"} for i in range(len(CAPTIONS))]
     (root / "captions_val2017.json").write_text(json.dumps({"annotations": annotations}))
     names = _images(root / "drafter_images", len(CAPTIONS), seed=2)
     with open(root / "drafter_images" / "captions.csv", "w") as f:

@@ -124,6 +124,13 @@ def _check_methods(cfg: dict) -> None:
         )
     for i, m in enumerate(cfg["sweep"]["methods"]):
         where = f"sweep.methods[{i}]"
+        if isinstance(m.get("tree"), list):
+            from .trees import validate_tree_paths
+
+            try:
+                validate_tree_paths(m["tree"])
+            except UserError as e:
+                raise UserError(f"config: {where}.tree: {e}") from None
         needs = {"lantern": ("delta", "k"), "lanternpp": ("lam", "k")}.get(m["name"], ())
         for key in needs:
             if key not in m:
@@ -219,6 +226,9 @@ def _check_paths(cfg: dict) -> None:
                             "(e.g. COCO val2017) or an .npz of FID statistics")
         if not Path(m["reference"]).exists():
             raise UserError(f"config: metrics.reference = {m['reference']} does not exist; fix the path")
+        if m["reference"].endswith(".npz") and m["fid_extractor"] != "inception-v3-compat":
+            raise UserError("config: metrics.reference is an .npz of Inception statistics; set metrics.fid_extractor: "
+                            "inception-v3-compat (with metrics.inception_weights)")
     if m["fid_extractor"] == "inception-v3-compat":
         _require_file("metrics.inception_weights", m["inception_weights"])
     if m["vgg16_weights"]:
@@ -277,16 +287,18 @@ def target_params(cfg: dict, world: str = "default") -> dict:
 
 
 def evaluate_params(cfg: dict, clip_weights: str) -> dict:
-    """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall and the CLIP model,
-    `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt)."""
+    """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall, the evaluation
+    resize, and the CLIP model, `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt)."""
     m = cfg["metrics"]
     toy_clip = m["clip_model"] == "toy"
     if m["fid_extractor"] == "clip":
         fidelity = {"extractor": "toyclip" if toy_clip else "clip", "weights_path": clip_weights}
     else:
         fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
-    fidelity["cache_dir"] = f"{cfg['outdir']}/metrics/reference_cache"
-    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights, "prompt_prefix": m["prompt_prefix"]}
+    fidelity.update(cache_dir=f"{cfg['outdir']}/metrics/reference_cache", resolution=m["resolution"],
+                    resize_filter=m["resize_filter"], vgg16_weights=m["vgg16_weights"])
+    clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
+            "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
     return {"fidelity": fidelity, "clip": clip}
 
 
