@@ -140,7 +140,7 @@ def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
     greedy, sampling = text.split("## greedy")[1].split("## sampling")
     assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
     header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
-    assert header.count("|") == rule.count("|") == 13
+    assert header.count("|") == rule.count("|") == 14
 
 
 def test_tau_speedup_and_compression_recomputed_from_stats(built):

@@ -27,7 +27,7 @@ from .io import atomic_path, read_structured
 from .metrics.speed import IN_JOB_REFERENCE
 
 SPEC_COLUMNS = ["name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed"]
-QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score"]
+QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
 LIST_COLUMNS = ["accepted_per_step", "accepted_depth", "tree_depth", "tokens"]
@@ -278,9 +278,10 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
         in_job = int("speedup_vs_in_job_vanilla" in part and part["speedup_vs_in_job_vanilla"].notna().any())
         lines += [f"## {mode}", "",
                   "| Method | Setting | τ (incl. bonus) | Speed-up" + " | In-job speed-up" * in_job +
-                  " | Step compr. | FID ↓ | CLIP ↑ | Precision ↑ | Recall ↑ | KID ↓ | Images |",
-                  "|" + "|".join(["---"] * 2 + ["---:"] * (9 + in_job)) + "|"]
+                  " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Images |",
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (10 + in_job)) + "|"]
         digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
+                  "clip_cosine": (p.fraction_digits + 1, False),
                   "precision": (p.fraction_digits, False), "recall": (p.fraction_digits, False),
                   "kid_mean": (p.distance_figures, True)}
         for _, r in part.iterrows():
@@ -298,7 +299,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
             if gaps:
                 lines += ["", f"Noise floor (|vanilla − control|): {', '.join(gaps)}."]
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
-                    ("fid_extractor", "extractor", "n_reference", "resolution", "device", "cfg_scale", "temperature")
+                    ("fid_extractor", "extractor", "reference_kind", "n_reference", "resolution", "resize_filter",
+                     "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature")
                     if c in part and part[c].dropna().nunique() == 1]
         if protocol:
             lines += ["", "Protocol: " + "; ".join(protocol) + "."]
