@@ -36,7 +36,6 @@ from .model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_m
 FORMAT = "lantern-drafter-v1"
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
 OWN_EMBEDDING = "tok_embeddings."
-CAPTIONS_FORMAT = "lantern-captions-v1"
 
 
 @dataclass(frozen=True)
@@ -412,11 +411,11 @@ class CaptionRows:
         return CaptionRows(parts[0].shards, torch.cat([p.where for p in parts]))
 
 
-def _load(path: Path, flag: str, maker: str, mmap: bool = False) -> dict:
+def _load(path: Path, flag: str, maker: str) -> dict:
     if not path.is_file():
         raise UserError(f"{flag} {path} does not exist; make it with `{maker}`")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         raise UserError(f"{flag} {path} is unreadable (truncated or not a torch file): {type(e).__name__}") from None
     if not isinstance(obj, dict):
@@ -426,12 +425,12 @@ def _load(path: Path, flag: str, maker: str, mmap: bool = False) -> dict:
 
 def read_caption_features(paths: list[str], target: GPT) -> tuple[dict[str, int], CaptionRows, Tensor]:
     """(id -> row, every row as CaptionRows, masks [n, T]) of `lantern encode-captions` files, checked against the
-    target. Validated here until lantern.llamagen.captions.read_captions_file exists."""
+    target."""
+    from .llamagen.captions import read_captions_file
+
     a, index, shards, where, masks = target.args, {}, [], [], []
     for s, path in enumerate(map(Path, paths)):
-        obj = _load(path, "--caption-features", "lantern encode-captions", mmap=True)
-        if obj.get("format") != CAPTIONS_FORMAT:
-            raise UserError(f"--caption-features {path} is not a {CAPTIONS_FORMAT} file; make it with `lantern encode-captions`")
+        obj = read_captions_file(path, "--caption-features", mmap=True)
         feats, mask, ids = obj["features"], obj["mask"], list(obj["ids"])
         if feats.ndim != 3 or tuple(feats.shape[1:]) != (a.cls_token_num, a.caption_dim) or len(ids) != len(feats) \
                 or tuple(mask.shape) != tuple(feats.shape[:2]):

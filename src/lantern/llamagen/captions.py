@@ -198,14 +198,15 @@ def read_feature_files(folder: str | Path, ids: list[str], max_length: int, dtyp
 
 
 # -- the shard file -----------------------------------------------------------------------------------------------
-def read_captions_file(path: str | Path, flag: str = "--captions") -> dict:
-    """A validated lantern-captions-v1 shard (see the module doc); every problem is a one-line UserError."""
+def read_captions_file(path: str | Path, flag: str = "--captions", mmap: bool = False) -> dict:
+    """A validated lantern-captions-v1 shard (see the module doc); every problem is a one-line UserError.
+    mmap: leave the features on disk (drafter training reads 100k captions' features a batch at a time)."""
     path = Path(path)
     where = f"{flag} {path}"
     if not path.is_file():
         raise UserError(f"{where} does not exist; write it with `lantern encode-captions`")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{where} is unreadable (truncated or not a torch file): {first}") from None
