@@ -78,6 +78,27 @@ def write_gpt(path: Path, model_type: str, caption_dim: int = 2048, seed: int = 
     save_checkpoint(path, model, container="model")  # upstream: weights only, no config
 
 
+def write_authors_drafter(folder: Path, gpt_path: str, seed: int = 0) -> Path:
+    """An EAGLE drafter in the LANTERN authors' layout for the GPT at `gpt_path` (lantern-authors-format.md: HF-style
+    keys, one layer, fc with bias, own token embedding, fp16, config.json beside the weights)."""
+    sd = torch.load(gpt_path, map_location="cpu", weights_only=True)["model"]
+    V, d = sd["tok_embeddings.weight"].shape
+    ffn = sd["layers.0.feed_forward.w1.weight"].shape[0]
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"embed_tokens.weight": (V, d), "fc.weight": (d, 2 * d), "fc.bias": (d,),
+              **{f"layers.0.self_attn.{p}_proj.weight": (d, d) for p in "qkvo"},
+              "layers.0.mlp.gate_proj.weight": (ffn, d), "layers.0.mlp.up_proj.weight": (ffn, d),
+              "layers.0.mlp.down_proj.weight": (d, ffn), "layers.0.post_attention_layernorm.weight": (d,)}
+    weights = {k: (torch.randn(s, generator=g) * 0.05).half() for k, s in shapes.items()}
+    weights["layers.0.post_attention_layernorm.weight"] = torch.ones(d).half()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "hidden_size": d, "intermediate_size": ffn, "num_attention_heads": GPT_SIZE["n_head"], "num_hidden_layers": 1,
+        "vocab_size": V, "rms_norm_eps": 1e-6, "torch_dtype": "float16"}))
+    torch.save(weights, folder / "pytorch_model.bin")
+    return folder
+
+
 def build_world(root: Path) -> dict[str, str]:
     """Every file of both worlds under `root`; returns their paths by config role."""
     root.mkdir(parents=True, exist_ok=True)
@@ -98,9 +119,10 @@ def build_world(root: Path) -> dict[str, str]:
         _images(root / "class_images" / f"n0000000{c}", 4, seed=10 + c)
     _images(root / "reference", 6, seed=3)
     _inception_weights(root / "inception.pth")
+    write_authors_drafter(root / "authors_drafter", str(root / "t2i_tiny_256.pt"))
     return {
         "t2i": str(root / "t2i_tiny_256.pt"), "c2i": str(root / "c2i_tiny_256.pt"), "vq": str(root / "vq_ds16_tiny.pt"),
         "t5": str(t5), "coco": str(root / "captions_val2017.json"), "drafter_images": str(root / "drafter_images"),
         "class_images": str(root / "class_images"), "reference": str(root / "reference"),
-        "inception": str(root / "inception.pth"),
+        "inception": str(root / "inception.pth"), "authors_drafter": str(root / "authors_drafter"),
     }

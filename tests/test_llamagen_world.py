@@ -2,6 +2,7 @@
 (prompts from a COCO annotation file, T5 caption features, drafter data and training, neighbours, generation for
 vanilla / exact / LANTERN / LANTERN++, metrics, tables, figures, report) and the c2i recipe's plan, with the
 recipes scaled down by an overlay that only points at the fakes and shrinks the sweep."""
+import json
 import subprocess
 import sys
 
@@ -69,13 +70,29 @@ def test_t2i_recipe_runs_end_to_end(world, tmp_path):
     assert (sweep.loc[POINTS, "fid"] >= 0).all() and sweep.loc[POINTS, "clip_score"].notna().all()
     assert (out / "llamagen" / "drafter" / "trained.pt").is_file()
     report = tmp_path / "report.html"
-    r = run_logged(snakemake(tmp_path, T2I_RECIPE, overlay(world, "t2i"), "--report", str(report)), log, timeout=600)
+    r = run_logged(snakemake(tmp_path, T2I_RECIPE, overlay(world, "t2i"), "--report", str(report)), log, timeout=3600)
     assert r.returncode == 0 and report.stat().st_size > 100_000, tail(log)
+
+    # The authors' released drafter instead of a trained one: the convert_drafter rule, then a decode with it.
+    over = overlay(world, "t2i")
+    over["llamagen"]["authors_drafter"] = world["authors_drafter"]
+    converted = out / "llamagen" / "drafter" / "converted.pt"
+    r = run_logged(snakemake(tmp_path, T2I_RECIPE, over, "--cores", "1", str(converted.relative_to(tmp_path))), log,
+                   timeout=3600)
+    assert r.returncode == 0 and converted.is_file(), tail(log)
+    spec = ["--target-spec", json.dumps({"model_type": "t2i", "gpt_size": GPT_SIZE, "image_tokens": 256})]
+    r = subprocess.run([sys.executable, "-m", "lantern", "sample", "--target", world["t2i"], *spec, "--vq", world["vq"],
+                        "--drafter", str(converted), "--captions", str(out / "llamagen" / "captions" / "shard0.pt"),
+                        "--method", '{"name": "exact", "drafting": "chain", "gamma": 3}', "--end", "1",
+                        "--sampling", '{"cfg_scale": 7.5, "top_k": 1000}', "--device", "cpu", "--threads", "1",
+                        "--out", str(tmp_path / "authors")], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert pd.read_csv(tmp_path / "authors" / "stats.csv")["caption"].tolist() == CAPTIONS[:1]
 
 
 def test_c2i_recipe_plans_the_paper_sweep(world, tmp_path):
     over = overlay(world, "c2i")
-    del over["sweep"]  # the recipe's own sweep: every point of the paper's grid
+    del over["sweep"], over["neighbours"]  # the recipe's own sweep and k: every point of the paper's grid
     r = subprocess.run(snakemake(tmp_path, C2I_RECIPE, over, "-n", "--quiet", "rules"), cwd=REPO,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
