@@ -74,6 +74,17 @@ def test_greedy_exact_chain_equals_greedy_vanilla_under_captions(world, tmp_path
     assert exact.tau.min() >= 1.0
 
 
+def test_greedy_relaxes_over_the_unfiltered_softmax(world, tmp_path):
+    """As the authors' greedy path: filters never change an argmax, so greedy drops them (and the relaxed rules then
+    see every neighbour's mass); the manifest records the parameters actually used."""
+    out = tmp_path / "g"
+    sample(["--target", str(world / "target.pt"), "--vq", str(world / "vq.pt"), "--captions", str(world / "captions.pt"),
+            "--sampling", '{"cfg_scale": 3.0, "top_k": 2, "top_p": 0.5, "temperature": 0.5}', "--mode", "greedy",
+            "--end", "1", "--out", str(out), "--device", "cpu", "--threads", "1"])
+    used = json.loads((out / "manifest.json").read_text())["sampling"]
+    assert used == {"cfg_scale": 3.0, "cfg_interval": -1, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "greedy": True}
+
+
 def test_caption_problems_are_one_line_errors(world, tmp_path):
     captions = ["--captions", str(world / "captions.pt")]
     with pytest.raises(UserError, match="t2i.* --captions"):
