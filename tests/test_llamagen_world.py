@@ -100,6 +100,22 @@ def test_c2i_recipe_plans_the_paper_sweep(world, tmp_path):
         assert rule in r.stdout, rule
 
 
+def test_c2i_recipe_runs_with_imagenet_class_captions(world, tmp_path):
+    """Class folders -> drafter, class-conditional sampling, CLIP captions from the ImageNet class names."""
+    over = overlay(world, "c2i")
+    over["sweep"].update(shards=1, in_job_vanilla=False, methods=[
+        {"name": "vanilla"}, {"name": "lantern", "drafting": "dynamic", "delta": 0.2, "k": 50}])
+    log = tmp_path / "c2i.log"
+    r = run_logged(snakemake(tmp_path, C2I_RECIPE, over, "--cores", "2"), log, timeout=3600)
+    assert r.returncode == 0, tail(log)
+    out = tmp_path / "results"
+    stats = pd.read_csv(out / "gen" / "sampling" / "lantern-dynamic-d0.2-k50" / "shard0" / "stats.csv")
+    assert list(stats["label"]) == [0, 1, 2, 3]  # labels cycle through the classes
+    row = json.loads((out / "metrics" / "sampling" / "lantern-dynamic-d0.2-k50.json").read_text())
+    assert "ImageNet-1k class names" in row["caption_source"] and row["clip_score"] >= 0
+    assert row["resize_filter"] == "PIL lanczos" and row["reference_kind"] == "image folder"
+
+
 @pytest.mark.parametrize("recipe", [T2I_RECIPE, C2I_RECIPE])
 def test_a_recipe_without_its_files_names_the_first_missing_key(recipe):
     r = subprocess.run([sys.executable, "-m", "lantern", "check-config", str(REPO / "config" / "config.yaml"),

@@ -211,6 +211,10 @@ def _check_llamagen(cfg: dict) -> None:
     else:
         _require_folder("llamagen.drafter.images", lg["drafter"]["images"],
                         "class folders (c2i) or images with captions.csv (t2i) to train a drafter on")
+        want = "captions" if t2i else "classes"
+        if lg["drafter"]["layout"] != want:
+            raise UserError(f"config: llamagen.drafter.layout = {lg['drafter']['layout']} cannot condition a "
+                            f"{lg['model_type']} target; use layout: {want}")
 
 
 def _check_paths(cfg: dict) -> None:

@@ -3,6 +3,7 @@
 # (class folders or captioned images -> centre crop -> VQ codes (+ caption features) -> teacher-forced training).
 DRAFTER = LLAMAGEN["drafter"]
 DRAFTER_SHARDS = range(DRAFTER["shards"])
+CAPTIONED = DRAFTER["layout"] == "captions"
 T5 = LLAMAGEN["t5"]
 T5_SOURCE = f"--t5 {shlex.quote(T5['path'])} --dtype {T5['dtype']}" if T5["path"] else f"--features {shlex.quote(T5['features'])}"
 
@@ -58,7 +59,8 @@ rule drafter_images:
         vq=vq_ckpt(),
     output:
         tokens=f"{OUT}/llamagen/drafter/data/shard{{shard}}.pt",
-        captions=f"{OUT}/llamagen/drafter/data/shard{{shard}}.csv",
+        # captioned images: their captions, for drafter_caption_features (class folders carry none)
+        **({"captions": f"{OUT}/llamagen/drafter/data/shard{{shard}}.csv"} if CAPTIONED else {}),
     log:
         f"{OUT}/logs/llamagen/drafter_images/shard{{shard}}.log",
     benchmark:
@@ -67,13 +69,14 @@ rule drafter_images:
         start=lambda w: drafter_shard_range(w.shard)[0],
         end=lambda w: drafter_shard_range(w.shard)[1],
         images=shlex.quote(DRAFTER["images"]),
+        captions=lambda w, output: f"--captions-out {shlex.quote(output.captions)}" if CAPTIONED else "",
         device=config["device"],
     conda:
         "../../environment.yml"
     shell:
         "lantern-gpu-run lantern encode-images --images {params.images} --layout {DRAFTER[layout]} --vq {input.vq:q}"
         " --image-size {LLAMAGEN[image_size]} --start {params.start} --end {params.end} --out {output.tokens:q}"
-        " --captions-out {output.captions:q} --device {params.device} > {log:q} 2>&1"
+        " {params.captions} --device {params.device} > {log:q} 2>&1"
 
 
 rule drafter_caption_features:
