@@ -13,14 +13,7 @@ report: f"{workflow.basedir}/workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/toy.smk"
 include: "workflow/rules/drafter.smk"
-
-
-if not TOY:
-
-    include: "workflow/rules/llamagen.smk"
-
-
-
+include: "workflow/rules/llamagen.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/tables.smk"

@@ -1,6 +1,7 @@
 # The real-model world (world: llamagen): prompts -> T5 caption features per generation shard (t2i), and the
 # drafter of a published target: the authors' release converted, or trained as they did on real images
 # (class folders or captioned images -> centre crop -> VQ codes (+ caption features) -> teacher-forced training).
+# The rules exist in every world (profiles name them); only a llamagen run asks for their outputs.
 DRAFTER = LLAMAGEN["drafter"]
 DRAFTER_SHARDS = range(DRAFTER["shards"])
 CAPTIONED = DRAFTER["layout"] == "captions"
@@ -103,26 +104,28 @@ def drafter_training_inputs(wildcards):
     return inputs
 
 
-rule train_drafter:
-    input:
-        unpack(drafter_training_inputs),
-    output:
-        f"{OUT}/llamagen/drafter/trained.pt",
-    log:
-        f"{OUT}/logs/llamagen/train_drafter.log",
-    benchmark:
-        f"{OUT}/benchmarks/llamagen/train_drafter.tsv"
-    threads: 2
-    params:
-        p=lambda w, threads: as_arg({**DRAFTER["train"], "threads": threads_arg(threads)}),
-        features=lambda w, input: " ".join(["--caption-features", *map(shlex.quote, input.features)]) if T2I else "",
-        tokens=lambda w, input: " ".join(map(shlex.quote, input.tokens)),
-        device=config["device"],
-    conda:
-        "../../environment.yml"
-    shell:
-        "lantern-gpu-run lantern train-drafter --target {input.target:q} {SPEC_ARG} --tokens {params.tokens}"
-        " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
+if not TOY:  # the toy world trains its drafter in drafter.smk
+
+    rule train_drafter:
+        input:
+            unpack(drafter_training_inputs),
+        output:
+            f"{OUT}/llamagen/drafter/trained.pt",
+        log:
+            f"{OUT}/logs/llamagen/train_drafter.log",
+        benchmark:
+            f"{OUT}/benchmarks/llamagen/train_drafter.tsv"
+        threads: 2
+        params:
+            p=lambda w, threads: as_arg({**DRAFTER["train"], "threads": threads_arg(threads)}),
+            features=lambda w, input: " ".join(["--caption-features", *map(shlex.quote, input.features)]) if T2I else "",
+            tokens=lambda w, input: " ".join(map(shlex.quote, input.tokens)),
+            device=config["device"],
+        conda:
+            "../../environment.yml"
+        shell:
+            "lantern-gpu-run lantern train-drafter --target {input.target:q} {SPEC_ARG} --tokens {params.tokens}"
+            " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
 
 
 rule convert_drafter:
