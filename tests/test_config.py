@@ -31,6 +31,17 @@ def lantern_method(**kw):
     ({"metrics": {"fid_extractor": "inception-v3-compat"}}, r"metrics\.inception_weights is empty"),
     ({"device": "gpu"}, r"device"),
     ({"metrics": {"clip_model": "ViT-B-32", "clip_ckpt": "/x"}}, r"fid_extractor = clip uses the toy CLIP"),
+    (lantern_method(delta=[1.5]), r"delta = 1\.5 exceeds 1"),
+    (lantern_method(delta=[float("nan")]), r"delta = nan must be a finite number"),
+    (lantern_method(k=[float("inf")]), r"k = inf must be a finite number"),
+    (lantern_method(gamma=4.0), r"gamma = 4\.0 must be an integer; write 4"),
+    (lantern_method(lam=[2]), r"\.lam does not apply to lantern \(lantern uses only delta, k\)"),
+    ({"sweep": {"methods": [{"name": "exact", "k": 5}]}}, r"\.k does not apply to exact"),
+    ({"sweep": {"methods": [{"name": "lanternpp", "lam": 2, "k": 5, "delta": 0.1}]}}, r"\.delta does not apply"),
+    ({"sweep": {"methods": []}}, r"sweep\.methods is empty"),
+    ({"sweep": {"modes": []}}, r"sweep\.modes is empty"),
+    ({"sweep": {"n_images": 2, "shards": 3}}, r"sweep\.shards = 3 is more than sweep\.n_images = 2"),
+    ({"sweep": {"methods": [{"name": "exact", "drafting": "static", "tree": [[0], [0, 1]]}]}}, r"\.tree: "),
 ])
 def test_bad_config_names_the_key(cfg, message):
     with pytest.raises(UserError, match=message) as err:

@@ -114,3 +114,37 @@ def test_class_conditional_targets_keep_labels(world, tmp_path):
     stats = pd.read_csv(tmp_path / "out" / "stats.csv")
     assert stats.label.tolist() == [3, 0] and "caption" not in stats.columns  # cycle: i mod 4 classes
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["captions"] is None
+    for bad in ("x", "4", "-1"):  # 4 classes: ids 0..3
+        with pytest.raises(UserError, match=rf"--labels '{bad}' must be 'cycle' or a class id in 0\.\.3"):
+            sample(["--target", str(tmp_path / "c2i.pt"), "--vq", str(world / "vq.pt"), "--labels", bad,
+                    "--end", "1", "--out", str(tmp_path / "bad"), "--device", "cpu"])
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.partial").exists()
+
+
+def test_a_resumed_shard_holds_exactly_its_own_range(world, tmp_path, monkeypatch):
+    """A job killed while drawing [0, 3) leaves 0 and 1 in out.partial; rerun as [1, 3) (the shard count changed),
+    it keeps image 1, drops image 0, and the finished folder holds images 1 and 2 only."""
+    import lantern.sample as sample_module
+
+    c2i = tiny_target("c2i")
+    save_checkpoint(tmp_path / "c2i.pt", c2i, args=c2i.args.to_dict())
+    real_save, saved = sample_module.save_png, []
+
+    def save_then_die(array, path):
+        if len(saved) == 2:
+            raise KeyboardInterrupt  # killed mid-shard
+        saved.append(path)
+        real_save(array, path)
+
+    def draw(start, end):
+        sample(["--target", str(tmp_path / "c2i.pt"), "--vq", str(world / "vq.pt"), "--start", str(start),
+                "--end", str(end), "--out", str(tmp_path / "out"), "--device", "cpu", "--threads", "1", "--no-warmup"])
+
+    with monkeypatch.context() as m:
+        m.setattr(sample_module, "save_png", save_then_die)
+        with pytest.raises(KeyboardInterrupt):
+            draw(0, 3)
+    assert sorted(p.name for p in (tmp_path / "out.partial" / "rows").iterdir()) == ["000000.json", "000001.json"]
+    draw(1, 3)
+    assert pd.read_csv(tmp_path / "out" / "stats.csv").image_index.tolist() == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "out" / "images").iterdir()) == ["000001.png", "000002.png"]

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -116,7 +117,24 @@ def drafter_source(cfg: dict) -> str:
     return "file" if lg["drafter_ckpt"] else "authors" if lg["authors_drafter"] else "train"
 
 
+# Which sweep parameters each method reads; any other is an error, since it would sit in the point's name unused.
+APPLIES = {"vanilla": (), "exact": (), "lantern": ("delta", "k"), "lanternpp": ("lam", "k")}
+INTEGER_KEYS = ("gamma", "k")
+
+
+def _check_sweep(cfg: dict) -> None:
+    sweep = cfg["sweep"]
+    if not sweep["methods"]:
+        raise UserError("config: sweep.methods is empty; list at least one method, e.g. - name: vanilla")
+    if not sweep["modes"]:
+        raise UserError("config: sweep.modes is empty; use [sampling], [greedy] or both")
+    if sweep["shards"] > sweep["n_images"]:
+        raise UserError(f"config: sweep.shards = {sweep['shards']} is more than sweep.n_images = {sweep['n_images']}; "
+                        "every shard needs an image: lower shards")
+
+
 def _check_methods(cfg: dict) -> None:
+    _check_sweep(cfg)
     max_k = cfg["neighbours"]["max_k"]
     if max_k > codebook_size(cfg) - 1:
         raise UserError(
@@ -131,7 +149,11 @@ def _check_methods(cfg: dict) -> None:
                 validate_tree_paths(m["tree"])
             except UserError as e:
                 raise UserError(f"config: {where}.tree: {e}") from None
-        needs = {"lantern": ("delta", "k"), "lanternpp": ("lam", "k")}.get(m["name"], ())
+        needs = APPLIES[m["name"]]
+        for key in ("delta", "lam", "k"):
+            if key in m and key not in needs:
+                uses = f"uses only {', '.join(needs)}" if needs else "takes none of delta, lam, k"
+                raise UserError(f"config: {where}.{key} does not apply to {m['name']} ({m['name']} {uses}); remove it")
         for key in needs:
             if key not in m:
                 raise UserError(f"config: {where} ({m['name']}) needs {key}; add e.g. {key}: [{'0.1' if key == 'delta' else '2' if key == 'lam' else '10'}]")
@@ -139,8 +161,15 @@ def _check_methods(cfg: dict) -> None:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise UserError(f"config: {where}.{key} = {v!r} must be a number (or a list of numbers)")
+                if not math.isfinite(v):
+                    raise UserError(f"config: {where}.{key} = {v} must be a finite number")
+                if key in INTEGER_KEYS and not isinstance(v, int):
+                    raise UserError(f"config: {where}.{key} = {v!r} must be an integer; write {int(v) if v == int(v) else round(v)}")
                 if key == "delta" and v < 0:
                     raise UserError(f"config: {where}.delta = {v} is negative; the TV budget delta must be >= 0")
+                if key == "delta" and v > 1:
+                    raise UserError(f"config: {where}.delta = {v} exceeds 1, the largest total variation; for the "
+                                    "relative bound use name: lanternpp with lam")
                 if key == "lam" and v <= 1:
                     raise UserError(f"config: {where}.lam = {v} must be > 1 (lam = 1 is exact decoding; use name: exact)")
                 if key == "k" and (v < 0 or v != int(v)):

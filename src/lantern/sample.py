@@ -95,6 +95,8 @@ class Conditions:
                 raise UserError(f"--captions {a.captions} is for text-to-image targets; {a.target} is "
                                 "class-conditional (c2i): drop --captions and choose classes with --labels")
             classes = target.args.num_classes
+            if a.labels != "cycle" and not (a.labels.isdigit() and int(a.labels) < classes):
+                raise UserError(f"--labels {a.labels!r} must be 'cycle' or a class id in 0..{classes - 1}")
             self.label = (lambda i: i % classes) if a.labels == "cycle" else (lambda i, c=int(a.labels): c)
             return
         if not a.captions:
@@ -159,6 +161,15 @@ def resume_or_restart(partial: Path, identity: dict) -> None:
 # (models/ea_model_llamagen.py): temperature and the top-k / top-p filters never change an argmax, but a filter
 # would hide neighbours' mass from the relaxation.
 GREEDY = {"greedy": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+
+def drop_outside_range(partial: Path, start: int, end: int) -> None:
+    """A .partial kept from a run with another shard range may hold images outside [start, end): the finished
+    folder must hold exactly its own range, so those go (they are redrawn identically by whichever shard owns them)."""
+    for sub, suffix in (("rows", ".json"), ("images", ".png")):
+        for f in (partial / sub).glob(f"*{suffix}"):
+            if not start <= int(f.stem) < end:
+                f.unlink()
 
 
 def parse_args(argv):
@@ -241,7 +252,10 @@ def main(argv: list[str]) -> None:
             row[IN_JOB_REFERENCE] = decoder.reference(cond, image_generator(a.seed, i), cond_mask)[1].time_total_s
         write_json(row_path, row)
 
+    drop_outside_range(partial, a.start, a.end)
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]
+    if [r["image_index"] for r in rows] != list(range(a.start, a.end)):  # never rename a folder that lies
+        raise RuntimeError(f"{partial} holds rows {[r['image_index'] for r in rows]}, not {a.start}..{a.end - 1}")
     with atomic_path(partial / "stats.csv") as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
     write_json(partial / "manifest.json", {
