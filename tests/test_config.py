@@ -88,3 +88,28 @@ def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
     )
     assert out.returncode != 0
     assert "error: config: sweep.methods[0].delta = -0.5 is negative" in out.stderr
+
+
+def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):
+    """Mistakes a job would hit after the whole sweep ran are config errors (the files need only exist here)."""
+    for name in ("gpt.pt", "vq.pt", "inception.pth"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "images").mkdir()
+    base = {"world": "llamagen", "llamagen": {"gpt_ckpt": str(tmp_path / "gpt.pt"), "vq_ckpt": str(tmp_path / "vq.pt")},
+            "metrics": {"reference": str(tmp_path / "images"), "resolution": 256, "class_names": "imagenet",
+                        "fid_extractor": "inception-v3-compat", "inception_weights": str(tmp_path / "inception.pth")},
+            "sweep": {"methods": [{"name": "vanilla"}]}}
+    cases = [
+        ({"metrics": {"resolution": 0}}, r"metrics\.resolution = 0 .* set metrics\.resolution"),
+        ({"metrics": {"class_names": "toy"}}, r"metrics\.class_names = toy .* needs imagenet"),
+        ({"sweep": {"methods": [{"name": "exact"}]}, "llamagen": {"drafter": {"images": str(tmp_path / "images"),
+                                                                              "n_images": 2, "shards": 4}}},
+         r"llamagen\.drafter\.shards = 4 is more than llamagen\.drafter\.n_images = 2"),
+    ]
+    for over, message in cases:
+        cfg = yaml.safe_load(yaml.safe_dump(base))
+        for key, value in over.items():
+            cfg[key] = {**cfg.get(key, {}), **value}
+        with pytest.raises(UserError, match=message) as err:
+            validate_config(cfg)
+        assert "\n" not in str(err.value)

@@ -69,7 +69,7 @@ def extract_state_dict(obj: dict, path: str | os.PathLike = "<checkpoint>") -> d
     )
 
 
-def _short(keys) -> str:
+def short_list(keys) -> str:
     keys = sorted(keys)
     return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
 
@@ -82,16 +82,16 @@ def load_weights(model: nn.Module, state_dict: dict[str, torch.Tensor], path: st
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing {len(missing)} keys: {_short(missing)}")
+            parts.append(f"missing {len(missing)} keys: {short_list(missing)}")
         if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys: {_short(unexpected)}")
+            parts.append(f"unexpected {len(unexpected)} keys: {short_list(unexpected)}")
         raise UserError(
             f"checkpoint {path} does not match the model ({'; '.join(parts)}); "
             "check the model size / config it was trained with"
         )
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
     if wrong:
-        raise UserError(f"checkpoint {path} has {len(wrong)} tensors of the wrong shape (file vs model): {_short(wrong)}")
+        raise UserError(f"checkpoint {path} has {len(wrong)} tensors of the wrong shape (file vs model): {short_list(wrong)}")
     model.load_state_dict(sd, strict=True)
     return model
 
@@ -213,7 +213,7 @@ def read_shapes(sd: dict[str, torch.Tensor], path) -> Found:
 
     if shape("tok_embeddings.weight") is None:
         raise UserError(f"checkpoint {path} is not a LlamaGen GPT: it has no tok_embeddings.weight "
-                        f"(keys: {_short(sd)})")
+                        f"(keys: {short_list(sd)})")
     vocab_size, dim = shape("tok_embeddings.weight")
     layers = {int(k.split(".")[1]) for k in sd if k.startswith("layers.") and k.split(".")[1].isdigit()}
     if not layers or shape("layers.0.feed_forward.w1.weight") is None:

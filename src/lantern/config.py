@@ -19,7 +19,6 @@ import yaml
 from .errors import UserError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
-LLAMAGEN_CODEBOOK = 16384
 
 
 def load_schema(path: Path = SCHEMA) -> dict:
@@ -61,28 +60,14 @@ def as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def vq_codebook_rows(path: str) -> int:
-    """Codes in a VQ checkpoint (upstream {"model": sd} or ours), read without building the model."""
-    import torch
-
-    from .checkpoint import extract_state_dict
-
-    try:  # mmap: a 288 MB upstream file is not read just to learn one shape
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise UserError(f"config: llamagen.vq_ckpt = {path} is unreadable (not a torch file?): {type(e).__name__}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"config: llamagen.vq_ckpt = {path} holds a {type(obj).__name__}, not a VQ state dict")
-    weight = extract_state_dict(obj, path).get("quantize.embedding.weight")
-    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
-        raise UserError(f"config: llamagen.vq_ckpt = {path} has no quantize.embedding.weight; is it a VQ tokenizer file?")
-    return int(weight.shape[0])
-
-
 def codebook_size(cfg: dict) -> int:
-    if cfg["world"] == "llamagen":
-        path = cfg["llamagen"]["vq_ckpt"]
-        return vq_codebook_rows(path) if path and Path(path).is_file() else LLAMAGEN_CODEBOOK
+    if cfg["world"] == "llamagen":  # read from the file (checked to exist before the methods are)
+        from .neighbours import read_codebook
+
+        try:
+            return int(read_codebook(cfg["llamagen"]["vq_ckpt"]).shape[0])
+        except UserError as e:
+            raise UserError(f"config: llamagen.vq_ckpt: {e}") from None
     from .train_vq import VQParams
 
     return int(cfg["toy"]["vq"].get("codebook_size", VQParams().codebook_size))
@@ -161,7 +146,7 @@ def _check_methods(cfg: dict) -> None:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise UserError(f"config: {where}.{key} = {v!r} must be a number (or a list of numbers)")
-                if not math.isfinite(v):
+                if isinstance(v, float) and not math.isfinite(v):
                     raise UserError(f"config: {where}.{key} = {v} must be a finite number")
                 if key in INTEGER_KEYS and not isinstance(v, int):
                     raise UserError(f"config: {where}.{key} = {v!r} must be an integer; write {int(v) if v == int(v) else round(v)}")
@@ -172,14 +157,14 @@ def _check_methods(cfg: dict) -> None:
                                     "relative bound use name: lanternpp with lam")
                 if key == "lam" and v <= 1:
                     raise UserError(f"config: {where}.lam = {v} must be > 1 (lam = 1 is exact decoding; use name: exact)")
-                if key == "k" and (v < 0 or v != int(v)):
+                if key == "k" and v < 0:
                     raise UserError(f"config: {where}.k = {v} must be a non-negative integer")
                 if key == "k" and v > max_k:
                     raise UserError(
                         f"config: {where}.k = {v} is larger than neighbours.max_k = {max_k}"
                         f" (codebook size {codebook_size(cfg)}); lower k or raise neighbours.max_k"
                     )
-                if key == "gamma" and (v < 1 or v != int(v)):
+                if key == "gamma" and v < 1:
                     raise UserError(f"config: {where}.gamma = {v} must be a positive integer")
 
 
@@ -238,6 +223,9 @@ def _check_llamagen(cfg: dict) -> None:
         raise UserError("config: speculative methods need a drafter: set llamagen.drafter_ckpt, "
                         "llamagen.authors_drafter, or llamagen.drafter.images (a folder to train one on)")
     else:
+        if lg["drafter"]["shards"] > lg["drafter"]["n_images"]:
+            raise UserError(f"config: llamagen.drafter.shards = {lg['drafter']['shards']} is more than "
+                            f"llamagen.drafter.n_images = {lg['drafter']['n_images']}; lower shards")
         _require_folder("llamagen.drafter.images", lg["drafter"]["images"],
                         "class folders (c2i) or images with captions.csv (t2i) to train a drafter on")
         want = "captions" if t2i else "classes"
@@ -259,6 +247,12 @@ def _check_paths(cfg: dict) -> None:
                             "(e.g. COCO val2017) or an .npz of FID statistics")
         if not Path(m["reference"]).exists():
             raise UserError(f"config: metrics.reference = {m['reference']} does not exist; fix the path")
+        if Path(m["reference"]).is_dir() and not m["resolution"]:
+            raise UserError("config: metrics.resolution = 0 keeps every image's own size, but a real reference folder "
+                            "mixes sizes; set metrics.resolution (the paper: 256)")
+        if cfg["llamagen"]["model_type"] == "c2i" and m["class_names"] == "toy":
+            raise UserError("config: metrics.class_names = toy names the toy world's classes; a llamagen c2i run "
+                            "needs imagenet (or a file of one class name per line)")
         if m["reference"].endswith(".npz") and m["fid_extractor"] != "inception-v3-compat":
             raise UserError("config: metrics.reference is an .npz of Inception statistics; set metrics.fid_extractor: "
                             "inception-v3-compat (with metrics.inception_weights)")

@@ -324,8 +324,9 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         row = {"epoch": epoch + 1, "train_loss": total / batches}
-        row.update(evaluate(drafter, target, [batch_of(val_idx[lo : lo + params.batch_size], drop=False)
-                                             for lo in range(0, len(val_idx), params.batch_size)], params.ce_weight))
+        # one batch on the device at a time: t2i caption features of a 100k-image set would not fit at once
+        row.update(evaluate(drafter, target, (batch_of(val_idx[lo : lo + params.batch_size], drop=False)
+                                             for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight))
         history.append(row)
         tqdm.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     bar.close()

@@ -18,17 +18,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..checkpoint import short_list
 from ..errors import UserError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = tuple(f"{name}.index.json" for name in WEIGHT_FILES)
 # HF rotary caches are derived from the config, carry no weights and have no upstream counterpart
 DERIVED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-
-
-def _short(keys) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
 
 
 # -- reading their files --------------------------------------------------------------------------------------------
@@ -62,7 +58,10 @@ def read_hf(src: str | Path) -> tuple[dict[str, Tensor], dict]:
         return _read_weights(src), config
     for index in INDEX_FILES:
         if (src / index).is_file():
-            weight_map = json.loads((src / index).read_text()).get("weight_map", {})
+            try:
+                weight_map = json.loads((src / index).read_text()).get("weight_map", {})
+            except (json.JSONDecodeError, AttributeError) as e:
+                raise UserError(f"{src / index} is not a valid shard index ({type(e).__name__}); download it again") from None
             sd = {}
             for shard in sorted(set(weight_map.values())):
                 if not (src / shard).is_file():
@@ -109,11 +108,11 @@ def target_state_dict(hf: dict[str, Tensor]) -> dict[str, Tensor]:
         else:
             unmapped.append(key)
     if unmapped:
-        raise UserError(f"--src has {len(unmapped)} keys with no upstream LlamaGen counterpart: {_short(unmapped)}; "
+        raise UserError(f"--src has {len(unmapped)} keys with no upstream LlamaGen counterpart: {short_list(unmapped)}; "
                         "is it the authors' HF-converted LlamaGen?")
     missing = [f"model.layers.{i}.{p}" for i, parts in qkv.items() for p in QKV if p not in parts]
     if missing:
-        raise UserError(f"--src lacks {len(missing)} attention projections: {_short(missing)}")
+        raise UserError(f"--src lacks {len(missing)} attention projections: {short_list(missing)}")
     for i, parts in qkv.items():
         out[f"layers.{i}.attention.wqkv.weight"] = torch.cat([parts[p] for p in QKV])
     return out
@@ -141,7 +140,7 @@ def check_target(sd: dict[str, Tensor], args) -> None:
     missing, extra = sorted(set(want) - set(sd)), sorted(set(sd) - set(want))
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(want[k])}" for k in want if k in sd and sd[k].shape != want[k]]
     if missing or extra or wrong:
-        parts = [f"{what} {_short(keys)}" for what, keys in
+        parts = [f"{what} {short_list(keys)}" for what, keys in
                  (("missing", missing), ("unexpected", extra), ("wrong shape (file vs LlamaGen)", wrong)) if keys]
         raise UserError(f"--src does not convert to a LlamaGen {args.model_type} target of width {args.dim} "
                         f"and {args.n_layer} layers: {'; '.join(parts)}")
@@ -192,7 +191,7 @@ def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
     expected = set(DRAFTER_KEYS) | set(DRAFTER_QKV)
     unmapped, missing = sorted(set(theirs) - expected), sorted(expected - set(theirs))
     if unmapped or missing:
-        parts = ([f"unmapped {_short(unmapped)}"] if unmapped else []) + ([f"missing {_short(missing)}"] if missing else [])
+        parts = ([f"unmapped {short_list(unmapped)}"] if unmapped else []) + ([f"missing {short_list(missing)}"] if missing else [])
         raise UserError(f"--src is not the authors' one-layer LlamaGen drafter ({'; '.join(parts)})")
     want = drafter.state_dict()
     wrong = [f"{k} {tuple(theirs[k].shape)} vs {(a.dim, a.dim)}" for k in DRAFTER_QKV if theirs[k].shape != (a.dim, a.dim)]
@@ -200,7 +199,7 @@ def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
               for k in DRAFTER_KEYS if theirs[k].shape != want[DRAFTER_KEYS[k]].shape]
     if wrong:
         raise UserError(f"--src drafter tensors do not fit this target (dim {a.dim}, ffn {a.ffn_dim}, vocab "
-                        f"{a.vocab_size}): {_short(wrong)}")
+                        f"{a.vocab_size}): {short_list(wrong)}")
     ours = {DRAFTER_KEYS[k]: v for k, v in theirs.items() if k in DRAFTER_KEYS}
     ours["layer.attention.wqkv.weight"] = torch.cat([theirs[k] for k in DRAFTER_QKV])
     with torch.no_grad():

@@ -23,7 +23,8 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
-from ..io import atomic_path, save_torch
+from ..io import save_torch
+from .prompts import write_prompts
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".tif", ".tiff"}
 CAPTION_FILES = ("captions.csv", "captions.jsonl")
@@ -121,15 +122,6 @@ def shard_range(start: int, end: int, count: int, root: Path) -> tuple[int, int]
     return start, end
 
 
-def write_captions_csv(path: str | os.PathLike, ids: list[str], captions: list[str]) -> None:
-    """Columns id, caption: the --prompts input of `lantern encode-captions`."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["id", "caption"])
-            w.writerows(zip(ids, captions))
-
-
 def main(argv: list[str]) -> None:
     from ..checkpoint import parse_device
     from ..vq import load_vq
@@ -173,5 +165,5 @@ def main(argv: list[str]) -> None:
         out["captions"] = captions[lo:hi]
     save_torch(out, a.out)
     if a.captions_out:
-        write_captions_csv(a.captions_out, ids, out["captions"])
+        write_prompts(list(zip(ids, out["captions"])), a.captions_out)
     print(f"encoded images [{lo}, {hi}) of {len(paths)} in {root} into {tokens.shape[1]} tokens each -> {a.out}")
