@@ -94,6 +94,13 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def row_probs(logits: Tensor, params: SamplingParams, index) -> Tensor:
+    """The distributions a speculative decoder verifies against: logits [R, V] or [R, S, V] (rows [cond; uncond]
+    under CFG) -> [V] or [S, V], CFG-mixed then filtered; `index` is the image-token index of each position (an
+    int: all of them), which matters only through cfg_interval."""
+    return logits_to_probs(mix_cfg(logits, params, index)[0], params)
+
+
 def sample_index(probs: Tensor, generator: torch.Generator) -> int:
     """Inverse-CDF draw from a 1-D distribution with one uniform from `generator` (never a zero-mass index)."""
     u = torch.rand((), generator=generator, dtype=torch.float64).item()

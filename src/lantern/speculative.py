@@ -22,7 +22,7 @@ from .acceptance import AcceptRule, accept_probability, greedy_accept, residual
 from .drafter import Drafter, load_drafter
 from .errors import UserError
 from .generate import (
-    ImageStats, SamplingParams, StepTimer, cfg_rows, logits_to_probs, mix_cfg, peak_memory, reset_peak_memory,
+    ImageStats, SamplingParams, StepTimer, cfg_rows, peak_memory, reset_peak_memory, row_probs,
     sample_index,
 )
 from .model import GPT, causal_mask
@@ -43,11 +43,6 @@ def rule_from_method(method: dict) -> AcceptRule:
 
 def _uniform(generator: torch.Generator) -> float:
     return torch.rand((), generator=generator, dtype=torch.float64).item()
-
-
-def _probs(logits: Tensor, params: SamplingParams, token_index: int) -> Tensor:
-    """The 1-D distribution a decoder samples token `token_index` from, given rows [cond; uncond] of logits."""
-    return logits_to_probs(mix_cfg(logits, params, token_index), params)[0]
 
 
 def _pick(p: Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -74,7 +69,7 @@ def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: Sam
         cond_emb = target.embed_cond(rows)
         logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
     with timer.section("other"):
-        first = _pick(_probs(logits[:, -1], params, 0), params, generator)
+        first = _pick(row_probs(logits[:, -1], params, 0), params, generator)
     # The drafter reads its own embedding (a converted authors' drafter carries one) and its own condition inputs.
     first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
     return R, first, torch.cat([drafter.cond_inputs(cond_emb), first_emb], 1), hidden
@@ -114,7 +109,7 @@ def speculative_decode(
             pred = drafter.step(pend_emb, pend_h, start)[:, -1:]  # predicted h_Q
             drafts, qs = [], []
             for i in range(g):
-                q = _probs(drafter.head(pred[:, -1]), params, len(tokens) + i)
+                q = row_probs(drafter.head(pred[:, -1]), params, len(tokens) + i)
                 drafts.append(_pick(q, params, generator))
                 qs.append(q)
                 if i < g - 1:
@@ -128,7 +123,7 @@ def speculative_decode(
             logits, hidden = target.forward_cached(emb, pos, pos, causal_mask(g + 1, target.cache_len, device, start=Q))
             target_forwards += 1
         with timer.section("other"):
-            P = torch.stack([_probs(logits[:, j], params, len(tokens) + j) for j in range(g + 1)])
+            P = torch.stack([row_probs(logits[:, j], params, len(tokens) + j) for j in range(g + 1)])
             X = seq[1:]
             if params.greedy:
                 ok = greedy_accept(P[:g], X, table, rule).tolist()

@@ -41,7 +41,7 @@ from .acceptance import AcceptRule, greedy_accept, verify_candidates
 from .drafter import Drafter
 from .errors import UserError
 from .generate import (
-    ImageStats, SamplingParams, StepTimer, logits_to_probs, mix_cfg, peak_memory, reset_peak_memory, sample_index,
+    ImageStats, SamplingParams, StepTimer, peak_memory, reset_peak_memory, row_probs, sample_index,
 )
 from .model import GPT
 from .speculative import decode_each, speculative_prefill
@@ -332,12 +332,6 @@ def tree_from_method(method: dict) -> StaticTree | DynamicTree:
 
 
 # -- shared pieces ------------------------------------------------------------------------------------------------
-def row_probs(logits: Tensor, params: SamplingParams, index) -> Tensor:
-    """logits [R, S, V] (rows [cond; uncond] under CFG) -> [S, V] processed distributions; row s is for token
-    index[s] (an int: all rows), which matters only through cfg_interval."""
-    return logits_to_probs(mix_cfg(logits, params, index)[0], params)
-
-
 def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     """[rows, cache_len]: the committed slots < Q plus `block` over the slots from Q on."""
     visible = torch.zeros(rows, cache_len, dtype=torch.bool, device=block.device)
