@@ -19,16 +19,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lantern.checkpoint import load_gpt, parse_device
-from lantern.drafter import load_drafter
+from lantern.engine.checkpoint import load_gpt, parse_device
+from lantern.engine.drafter import load_drafter
 from lantern.errors import UserError
-from lantern.generate import SamplingParams, generate, image_generator
+from lantern.engine.generate import SamplingParams, generate, image_generator
 from lantern.io import atomic_path
-from lantern.speculative import rule_from_method, speculative_decode
-from lantern.trees import tree_decode, tree_from_method
+from lantern.engine.speculative import rule_from_method, speculative_decode
+from lantern.engine.trees import tree_decode, tree_from_method
 
 DELTAS, KS, LAMS = (0.01, 0.05, 0.1, 0.2, 0.4), (1, 5, 10, 50), (2, 5, 10)
-# naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.trees)
+# naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.engine.trees)
 STATIC_TREES = ("naive_extend_57", "twin_chain_8")
 DYNAMIC_TREES = {"59/4/10": {"total_tokens": 59, "depth": 4, "top_k": 10}}
 
@@ -75,7 +75,7 @@ def decoder(m: dict, params: SamplingParams, target, drafter, table):
 
 
 def read_table(path: str, vq: str | None, vocab: int, k: int) -> torch.Tensor:
-    from lantern.neighbours import load_neighbours, read_codebook
+    from lantern.engine.neighbours import load_neighbours, read_codebook
 
     if vq:
         return load_neighbours(path, read_codebook(vq), k)

@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from lantern.checkpoint import parse_device, parse_dtype
-from lantern.generate import SamplingParams, generate, image_generator
-from lantern.model import GPT, named_args, num_params
+from lantern.engine.checkpoint import parse_device, parse_dtype
+from lantern.engine.generate import SamplingParams, generate, image_generator
+from lantern.engine.model import GPT, named_args, num_params
 
 
 def main():

@@ -21,11 +21,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from lantern.config import data_params, evaluate_params, validate_config
-from lantern.data import load_data
+from lantern.pipeline.config import data_params, evaluate_params, validate_config
+from lantern.worlds.toy.data import load_data
 from lantern.errors import UserError
 from lantern.io import atomic_path
-from lantern.sample import save_png
+from lantern.pipeline.sample import save_png
 
 COLUMNS = ["set", "n_generated", "fid", "kid_mean", "precision", "recall", "clip_score", "clip_score_sem"]
 FAR = 10_000_000  # first index of the fresh real images: no overlap with the training or validation splits

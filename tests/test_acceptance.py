@@ -4,12 +4,12 @@ about losslessness or the TV bound is checked analytically, plus one Monte-Carlo
 import pytest
 import torch
 
-from lantern.acceptance import (
+from lantern.engine.acceptance import (
     AcceptRule, accept_probability, after_rejection, greedy_accept, relaxed_mass, residual, sibling_budget,
     verify_candidates,
 )
 from lantern.errors import UserError
-from lantern.generate import sample_index
+from lantern.engine.generate import sample_index
 
 F64 = torch.float64
 

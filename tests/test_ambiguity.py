@@ -5,14 +5,14 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.ambiguity import AmbiguityParams, save_grid, step_stats, summarise
-from lantern.checkpoint import save_checkpoint
+from lantern.metrics.ambiguity import AmbiguityParams, save_grid, step_stats, summarise
+from lantern.engine.checkpoint import save_checkpoint
 from lantern.errors import UserError
-from lantern.generate import (SamplingParams, cfg_rows, decode_one_token, duplicate_for_cfg, generate,
+from lantern.engine.generate import (SamplingParams, cfg_rows, decode_one_token, duplicate_for_cfg, generate,
                               image_generator, logits_to_probs, mix_cfg, prefill)
-from lantern.model import GPT, ModelArgs
-from lantern.train_vq import VQParams
-from lantern.vq import VQModel
+from lantern.engine.model import GPT, ModelArgs
+from lantern.worlds.toy.train_vq import VQParams
+from lantern.engine.vq import VQModel
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fake_t5 import TINY_T5_DIM, write_tiny_t5
-from lantern.cli import main as cli
+from lantern.pipeline.cli import main as cli
 from lantern.errors import UserError
 from lantern.io import save_torch
-from lantern.llamagen.captions import FORMAT, clean_caption, left_pad, main, read_captions_file
+from lantern.worlds.llamagen.captions import FORMAT, clean_caption, left_pad, main, read_captions_file
 
 CAPTIONS = ["A cat sits on a mat.", "Two dogs run in the park", "a red bus", "A plate of food on a wooden table"]
 L = 12

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from lantern.checkpoint import (
+from lantern.engine.checkpoint import (
     Found, extract_state_dict, load_gpt, load_weights, parse_spec, read_checkpoint, resolve_spec, save_checkpoint,
 )
 from lantern.errors import UserError
-from lantern.generate import SamplingParams, generate, image_generator
-from lantern.model import GPT, ModelArgs, named_args
+from lantern.engine.generate import SamplingParams, generate, image_generator
+from lantern.engine.model import GPT, ModelArgs, named_args
 
 
 def meta_gpt(args):

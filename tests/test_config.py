@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.config import data_params, expand_methods, target_params, validate_config
+from lantern.pipeline.config import data_params, expand_methods, target_params, validate_config
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

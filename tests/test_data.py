@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lantern.data import CLASS_NAMES, COLOUR_NAMES, DataParams, main, make_dataset, params_from
+from lantern.worlds.toy.data import CLASS_NAMES, COLOUR_NAMES, DataParams, main, make_dataset, params_from
 from lantern.errors import UserError
 
 CLEAN = DataParams(background_gradient=False, texture_amplitude=0.0, noise_sigma=0.0)

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lantern.drafter import (
+from lantern.engine.drafter import (
     Drafter, DrafterParams, drafter_losses, load_drafter, main, save_drafter, target_states, train_drafter,
 )
 from lantern.errors import UserError
@@ -49,7 +49,7 @@ def test_cached_drafting_matches_the_uncached_pass(kind):
     cond = torch.tensor([2]) if kind == "c2i" else torch.randn(1, T, 12)
     mask = None if kind == "c2i" else torch.tensor([[0, 1, 1, 1, 1]], dtype=torch.bool)
     x, h, _ = target_states(target, cond, torch.randint(0, 16, (1, 15)), mask)
-    from lantern.drafter import drafter_mask
+    from lantern.engine.drafter import drafter_mask
 
     full = d(x[:, 1:], h[:, :-1], drafter_mask(mask, x.shape[1] - 1))
     d.setup_cache(1, cond_mask=mask)
@@ -63,7 +63,7 @@ def test_cached_drafting_matches_the_uncached_pass(kind):
 
 
 def self_data(target, n=192):
-    from lantern.drafter import self_generate
+    from lantern.engine.drafter import self_generate
 
     labels = torch.arange(n) % target.args.num_classes
     return self_generate(target, labels, {"temperature": 1.0}, seed=0), labels
@@ -73,7 +73,7 @@ def test_training_learns_and_mixes_null_rows(monkeypatch):
     target = tiny_target()
     tokens, labels = self_data(target)
     seen = []
-    import lantern.drafter as mod
+    import lantern.engine.drafter as mod
 
     real = mod.drafter_losses
 
@@ -136,7 +136,7 @@ def test_bad_params(kw, needle):
 
 
 def test_cli(tmp_path, capsys):
-    from lantern.checkpoint import save_checkpoint
+    from lantern.engine.checkpoint import save_checkpoint
 
     target = tiny_target()
     save_checkpoint(tmp_path / "gpt.pt", target, args=target.args.to_dict())

@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.checkpoint import save_checkpoint
-from lantern.drafter import load_drafter, main as train_main, read_caption_features, real_data
+from lantern.engine.checkpoint import save_checkpoint
+from lantern.engine.drafter import load_drafter, main as train_main, read_caption_features, real_data
 from lantern.errors import UserError
-from lantern.llamagen.images import center_crop, main as encode_main
-from lantern.vq import VQArgs, VQModel
+from lantern.worlds.llamagen.images import center_crop, main as encode_main
+from lantern.engine.vq import VQArgs, VQModel
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,13 +6,13 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.ambiguity import long_rows
+from lantern.metrics.ambiguity import long_rows
 from lantern.errors import UserError
 from lantern.figures import FIGURES, main
 from lantern.figures.common import select_points
 from lantern.figures.samples import class_labels, column_title
 from lantern.figures.tradeoff import pareto
-from lantern.tables import main as tables_main
+from lantern.pipeline.tables import main as tables_main
 from test_tables import POINTS, make_sweep
 
 

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.generate import (
+from lantern.engine.generate import (
     SamplingParams, generate, image_generator, image_seed, logits_to_probs, sample_index,
 )
-from lantern.model import GPT, ModelArgs
+from lantern.engine.model import GPT, ModelArgs
 
 
 def tiny_model(model_type="c2i"):

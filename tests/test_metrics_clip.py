@@ -8,7 +8,7 @@ import open_clip
 import pytest
 import torch
 
-from lantern.data import make_dataset
+from lantern.worlds.toy.data import make_dataset
 from lantern.errors import UserError
 from lantern.metrics import train_clip
 from lantern.metrics.clip import ClipScoreParams, clip_cosines, clip_score, load_clip, weights_format
@@ -97,9 +97,9 @@ def test_train_clip_cli_with_vq_reconstructions(tmp_path, capsys):
     """The CLI end to end with a (random, tiny) VQ: reconstructions are made and trained on; outputs appear."""
     import dataclasses
 
-    from lantern.checkpoint import save_checkpoint
-    from lantern.train_vq import VQParams
-    from lantern.vq import VQModel
+    from lantern.engine.checkpoint import save_checkpoint
+    from lantern.worlds.toy.train_vq import VQParams
+    from lantern.engine.vq import VQModel
 
     args = VQParams().vq_args()
     save_checkpoint(tmp_path / "vq.pt", VQModel(args), args=dataclasses.asdict(args))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.data import make_dataset
+from lantern.worlds.toy.data import make_dataset
 from lantern.errors import UserError
 from lantern.metrics import evaluate, train_clip
 

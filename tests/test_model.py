@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.generate import causal_mask, decode_one_token, prefill
-from lantern.model import GPT, ModelArgs
+from lantern.engine.generate import causal_mask, decode_one_token, prefill
+from lantern.engine.model import GPT, ModelArgs
 
 
 def tiny(model_type="c2i", **kw):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from lantern.cli import main as cli
+from lantern.pipeline.cli import main as cli
 from lantern.errors import UserError
-from lantern.llamagen.prompts import coco_longest, main, read_prompts
+from lantern.worlds.llamagen.prompts import coco_longest, main, read_prompts
 
 
 def coco_file(path, annotations):

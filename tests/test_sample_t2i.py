@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from fake_t5 import TINY_T5_DIM, write_tiny_t5
-from lantern.checkpoint import save_checkpoint
-from lantern.drafter import Drafter, save_drafter
+from lantern.engine.checkpoint import save_checkpoint
+from lantern.engine.drafter import Drafter, save_drafter
 from lantern.errors import UserError
 from lantern.io import sha256_file
-from lantern.llamagen.captions import main as encode_captions, read_captions_file
-from lantern.sample import main as sample
-from lantern.vq import VQArgs, VQModel
+from lantern.worlds.llamagen.captions import main as encode_captions, read_captions_file
+from lantern.pipeline.sample import main as sample
+from lantern.engine.vq import VQArgs, VQModel
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -124,7 +124,7 @@ def test_class_conditional_targets_keep_labels(world, tmp_path):
 def test_a_resumed_shard_holds_exactly_its_own_range(world, tmp_path, monkeypatch):
     """A job killed while drawing [0, 3) leaves 0 and 1 in out.partial; rerun as [1, 3) (the shard count changed),
     it keeps image 1, drops image 0, and the finished folder holds images 1 and 2 only."""
-    import lantern.sample as sample_module
+    import lantern.pipeline.sample as sample_module
 
     c2i = tiny_target("c2i")
     save_checkpoint(tmp_path / "c2i.pt", c2i, args=c2i.args.to_dict())

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from lantern.generate import (
+from lantern.engine.generate import (
     SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill,
 )
-from lantern.model import GPT, ModelArgs
-from lantern.trees import row_probs
+from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.trees import row_probs
 from tiny import one_thread  # noqa: F401 (fixture)
 
 COND = torch.tensor([[1.0, 2.0, 3.0]])

@@ -3,12 +3,12 @@ import itertools
 import pytest
 import torch
 
-from lantern.acceptance import AcceptRule
-from lantern.drafter import Drafter, save_drafter
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.drafter import Drafter, save_drafter
 from lantern.errors import UserError
-from lantern.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
-from lantern.speculative import generate as spec_generate
-from lantern.speculative import make_decoder, rule_from_method, speculative_decode
+from lantern.engine.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from lantern.engine.speculative import generate as spec_generate
+from lantern.engine.speculative import make_decoder, rule_from_method, speculative_decode
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -145,7 +145,7 @@ def test_rule_from_method():
 
 
 def test_make_decoder(tmp_path, trained):
-    from lantern.neighbours import build_table, NeighbourParams
+    from lantern.engine.neighbours import build_table, NeighbourParams
 
     target, drafter = trained
     save_drafter(tmp_path / "d.pt", drafter)

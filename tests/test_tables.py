@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lantern.errors import UserError
-from lantern.tables import accepted_mask, main, setting, sweep_table
+from lantern.pipeline.tables import accepted_mask, main, setting, sweep_table
 
 N_TOKENS = 16  # a 4 x 4 token grid
 SIDE = 8  # tiny PNGs

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lantern import ambiguity, data, train_gpt, train_vq, vq
-from lantern.checkpoint import load_gpt, read_checkpoint
+from lantern.engine.checkpoint import load_gpt, read_checkpoint
 from lantern.errors import UserError
-from lantern.train_vq import cosine_lr
+from lantern.worlds.toy.train_vq import cosine_lr
 
 VQ_SMOKE = '{"steps": 4, "batch_size": 8, "ch": 16, "z_channels": 32, "codebook_size": 64, "restart_every": 2, "eval_batch": 64}'
 GPT_SMOKE = '{"dim": 32, "n_layer": 2, "n_head": 2, "steps": 6, "batch_size": 8, "eval_every": 3, "warmup_steps": 2}'

@@ -3,13 +3,13 @@ import itertools
 import pytest
 import torch
 
-from lantern.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
-from lantern.drafter import Drafter, target_states
+from lantern.engine.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
+from lantern.engine.drafter import Drafter, target_states
 from lantern.errors import UserError
-from lantern.generate import SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill
-from lantern.speculative import generate as chain_generate
-from lantern.tables import accepted_mask
-from lantern.trees import (
+from lantern.engine.generate import SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill
+from lantern.engine.speculative import generate as chain_generate
+from lantern.pipeline.tables import accepted_mask
+from lantern.engine.trees import (
     Draft, DynamicTree, StaticTree, generate as tree_generate, row_probs, static_tree, tree_decode, tree_from_method,
     validate_tree_paths, verify_tree,
 )
@@ -345,9 +345,9 @@ def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
 
 # -- routing from a sweep method ----------------------------------------------------------------------------------
 def test_make_decoder_routes_trees(tmp_path, trained):
-    from lantern.drafter import save_drafter
-    from lantern.neighbours import NeighbourParams, build_table
-    from lantern.speculative import make_decoder
+    from lantern.engine.drafter import save_drafter
+    from lantern.engine.neighbours import NeighbourParams, build_table
+    from lantern.engine.speculative import make_decoder
 
     target, drafter = trained
     save_drafter(tmp_path / "d.pt", drafter)

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from lantern.drafter import DrafterParams, self_generate, train_drafter
-from lantern.generate import image_generator
-from lantern.model import GPT, ModelArgs
+from lantern.engine.drafter import DrafterParams, self_generate, train_drafter
+from lantern.engine.generate import image_generator
+from lantern.engine.model import GPT, ModelArgs
 
 
 def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from .errors import UserError
+from lantern.errors import UserError
 
 
 _UMASK = os.umask(0o022)

@@ -4,7 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
+from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
                             validate_config)
 from lantern.errors import UserError
 

@@ -1,4 +1,4 @@
-# One rule serves every sweep point: {point} names a method spec from config (lantern.config.expand_methods).
+# One rule serves every sweep point: {point} names a method spec from config (lantern.pipeline.config.expand_methods).
 
 
 rule generate:

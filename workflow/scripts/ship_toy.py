@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from lantern.config import validate_config
+from lantern.pipeline.config import validate_config
 from lantern.io import save_torch, sha256_file, write_json
 
 FILES = {

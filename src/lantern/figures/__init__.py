@@ -12,8 +12,8 @@ import importlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..errors import UserError
-from ..io import read_structured
+from lantern.errors import UserError
+from lantern.io import read_structured
 
 FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "samples", "acceptance_map"]
 
@@ -51,7 +51,7 @@ def parse_args(argv):
 
 def main(argv: list[str]) -> None:
     a = parse_args(argv)
-    from . import style
+    from lantern.figures import style
 
     style.check_out(a.out)
     module = importlib.import_module(f"{__name__}.{a.name}")

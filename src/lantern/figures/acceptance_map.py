@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 
-from ..errors import UserError
-from .common import modes, pick, read_sweep, read_table, short_label
+from lantern.errors import UserError
+from lantern.figures.common import modes, pick, read_sweep, read_table, short_label
 
 
 @dataclass

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..errors import UserError
+from lantern.errors import UserError
 
 COLUMNS = ["world", "cfg_scale", "source", "top1", "entropy"]
 LABELLED = re.compile(r"^(\w[\w-]*)=(.+)$")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import UserError
-from ..tables import METHOD_LABELS, order_key
+from lantern.errors import UserError
+from lantern.pipeline.tables import METHOD_LABELS, order_key
 
 
 FID_FEATURES = {"toyclip": "toy-CLIP features", "clip": "CLIP features", "inception-v3-compat": "Inception-v3"}

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..errors import UserError
-from .common import fid_label, modes, read_sweep, with_shape
+from lantern.errors import UserError
+from lantern.figures.common import fid_label, modes, read_sweep, with_shape
 
 LABELS = {"tau_incl_bonus": ("τ (bonus counted)", "viridis"), "speedup_vs_vanilla": ("speed-up over AR (×)", "viridis"),
           "fid": ("FID (lower is better)", "magma_r"), "clip_score": ("CLIP score", "magma"),

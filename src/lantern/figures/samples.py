@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from PIL import Image
 
-from ..errors import UserError
-from .common import modes, pick, read_sweep, short_label
+from lantern.errors import UserError
+from lantern.figures.common import modes, pick, read_sweep, short_label
 
 
 @dataclass
@@ -43,7 +43,7 @@ def column_title(index: int, label: int | str | None, toy_names: bool) -> str:
         words = label.split()
         return f"image {index}\n" + " ".join(words[:3]) + ("\n" + " ".join(words[3:6]) if len(words) > 3 else "") + (
             " ..." if len(words) > 6 else "")
-    from ..data import CLASS_NAMES  # imported here: only the toy world has these names
+    from lantern.worlds.toy.data import CLASS_NAMES  # imported here: only the toy world has these names
 
     name = CLASS_NAMES[label] if toy_names and 0 <= label < len(CLASS_NAMES) else f"class {label}"
     return f"image {index}\n{name}"

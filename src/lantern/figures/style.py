@@ -10,8 +10,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..errors import UserError  # noqa: E402
-from ..io import atomic_path  # noqa: E402
+from lantern.errors import UserError  # noqa: E402
+from lantern.io import atomic_path  # noqa: E402
 
 STYLE_FILE = Path(__file__).with_name("lantern.mplstyle")
 FAMILY_COLORS = {"vanilla": "#555555", "exact": "#0072B2", "lantern": "#D55E00", "lanternpp": "#009E73"}

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..errors import UserError
-from .common import modes, read_sweep, with_shape
-from .style import color
+from lantern.errors import UserError
+from lantern.figures.common import modes, read_sweep, with_shape
+from lantern.figures.style import color
 
 SYMBOLS = {"delta": "δ (TV budget)", "lam": "λ (relative bound)"}
 LINESTYLES = ["-", "--", ":", "-."]

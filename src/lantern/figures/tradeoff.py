@@ -12,10 +12,10 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..errors import UserError
-from ..tables import METHOD_LABELS
-from .common import fid_label, modes, read_sweep, short_label
-from .style import DRAFT_MARKERS, color, marker
+from lantern.errors import UserError
+from lantern.pipeline.tables import METHOD_LABELS
+from lantern.figures.common import fid_label, modes, read_sweep, short_label
+from lantern.figures.style import DRAFT_MARKERS, color, marker
 
 METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (higher is better)", True),
            "precision": ("precision (higher is better)", True), "recall": ("recall (higher is better)", True)}

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..errors import UserError
-from .common import modes, read_sweep, read_table, short_label
+from lantern.errors import UserError
+from lantern.figures.common import modes, read_sweep, read_table, short_label
 
 TREE_COLORS = {"static": plt.get_cmap("Blues"), "dynamic": plt.get_cmap("Oranges")}
 

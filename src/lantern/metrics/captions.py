@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import UserError
-from ..io import sha256_file
+from lantern.errors import UserError
+from lantern.io import sha256_file
 
 NAME_SOURCES = ("toy", "imagenet")  # or a file path
 
@@ -30,7 +30,7 @@ def name_caption(name: str) -> str:
 def class_names(source: str) -> tuple[tuple[str, ...], str]:
     """(names indexed by label, a description for the protocol) of "toy", "imagenet" or a names file."""
     if source == "toy":
-        from ..data import CLASS_NAMES
+        from lantern.worlds.toy.data import CLASS_NAMES
 
         return CLASS_NAMES, "toy-world class names"
     if source == "imagenet":

@@ -19,15 +19,15 @@ import open_clip
 import pandas as pd
 import torch
 
-from ..errors import UserError
-from ..io import atomic_path, read_structured, sha256_file
-from .captions import Captions, read_captions
-from .clip import ClipScoreParams, Preprocess, clip_cosines, clip_score, load_clip, weights_format
-from .fidelity import FidelityParams, fidelity_metrics
-from .images import ImageSet
-from .params import params_from
-from .reference import FidStatistics, load_reference
-from .speed import read_stats, summarize
+from lantern.errors import UserError
+from lantern.io import atomic_path, read_structured, sha256_file
+from lantern.metrics.captions import Captions, read_captions
+from lantern.metrics.clip import ClipScoreParams, Preprocess, clip_cosines, clip_score, load_clip, weights_format
+from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
+from lantern.metrics.images import ImageSet
+from lantern.metrics.params import params_from
+from lantern.metrics.reference import FidStatistics, load_reference
+from lantern.metrics.speed import read_stats, summarize
 
 
 @dataclass

@@ -20,10 +20,10 @@ from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_input_id_to_statistics
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
 from torch_fidelity.utils import create_feature_extractor
 
-from ..errors import UserError
-from ..io import sha256_file
-from .images import RESIZE_FILTERS, ImageSet
-from .reference import FidStatistics
+from lantern.errors import UserError
+from lantern.io import sha256_file
+from lantern.metrics.images import RESIZE_FILTERS, ImageSet
+from lantern.metrics.reference import FidStatistics
 
 # torch-fidelity's own extractors download their weights when no file is given: here a file is always required.
 BUILTIN_WEIGHTS = {

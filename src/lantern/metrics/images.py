@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from torch_fidelity.datasets import ImagesPathDataset, TransformPILtoRGBTensor
 from torch_fidelity.utils import glob_samples_paths
 
-from ..errors import UserError
+from lantern.errors import UserError
 
 IMAGE_EXTS = "png,jpg,jpeg"  # matched case-insensitively (ImageNet's .JPEG included)
 RESIZE_FILTERS = {"lanczos": Image.Resampling.LANCZOS, "bicubic": Image.Resampling.BICUBIC,
@@ -83,7 +83,7 @@ class ImageSet:
     def from_path(cls, path: str | os.PathLike, what: str) -> "ImageSet":
         """A folder of images (subfolders included, as ImageNet's class folders), or a `lantern make-data` file."""
         if os.path.isfile(path):
-            from ..data import load_data
+            from lantern.worlds.toy.data import load_data
 
             images = load_data(path, what)["images"]
             if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from ..errors import UserError
+from lantern.errors import UserError
 
 
 def params_from(mapping: dict, cls, where: str = ""):

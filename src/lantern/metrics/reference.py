@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
-from ..io import sha256_file
-from .images import ImageSet
+from lantern.errors import UserError
+from lantern.io import sha256_file
+from lantern.metrics.images import ImageSet
 
 STATISTICS_KIND = "FID statistics (mu, sigma)"
 

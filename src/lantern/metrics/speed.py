@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..errors import UserError
-from ..io import atomic_path, read_structured
-from .params import params_from
+from lantern.errors import UserError
+from lantern.io import atomic_path, read_structured
+from lantern.metrics.params import params_from
 
 REQUIRED = ("method", "time_total_s")
 IN_JOB_REFERENCE = "vanilla_time_total_s"

@@ -23,11 +23,11 @@ import torch
 from open_clip.loss import ClipLoss
 from tqdm import tqdm
 
-from ..data import load_data, to_unit
-from ..errors import UserError
-from ..io import atomic_path, read_structured, save_torch, write_json
-from .clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
-from .params import params_from
+from lantern.worlds.toy.data import load_data, to_unit
+from lantern.errors import UserError
+from lantern.io import atomic_path, read_structured, save_torch, write_json
+from lantern.metrics.clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
+from lantern.metrics.params import params_from
 
 
 @dataclass
@@ -187,7 +187,7 @@ def main(argv: list[str]) -> None:
                         f"{p.n_val + p.batch_size}")
     vq = None
     if a.vq:
-        from ..vq import load_vq
+        from lantern.engine.vq import load_vq
 
         vq = load_vq(a.vq)
     if p.threads > 0:

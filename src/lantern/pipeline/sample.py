@@ -22,12 +22,12 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from . import __version__
-from .checkpoint import load_gpt, parse_device
-from .errors import UserError
-from .generate import SamplingParams, generate, image_generator, image_seed
-from .io import atomic_path, read_structured, sha256_file, write_json
-from .metrics.speed import IN_JOB_REFERENCE
+from lantern import __version__
+from lantern.engine.checkpoint import load_gpt, parse_device
+from lantern.errors import UserError
+from lantern.engine.generate import SamplingParams, generate, image_generator, image_seed
+from lantern.io import atomic_path, read_structured, sha256_file, write_json
+from lantern.metrics.speed import IN_JOB_REFERENCE
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -74,7 +74,7 @@ class Decoder:
         if method["name"] == "vanilla":
             self.run = self._vanilla
         else:
-            from .speculative import make_decoder
+            from lantern.engine.speculative import make_decoder
 
             self.run = make_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, dtype, device)
 
@@ -102,7 +102,7 @@ class Conditions:
         if not a.captions:
             raise UserError(f"{a.target} is a text-to-image (t2i) target: give its caption features with --captions "
                             "(a shard from `lantern encode-captions` covering --start..--end)")
-        from .llamagen.captions import read_captions_file, rows_for
+        from lantern.worlds.llamagen.captions import read_captions_file, rows_for
 
         data = read_captions_file(a.captions)
         where = f"--captions {a.captions}"
@@ -220,7 +220,7 @@ def main(argv: list[str]) -> None:
             raise UserError(f"{what} {path} does not exist")
     spec = read_structured(a.target_spec)
 
-    from .vq import load_vq
+    from lantern.engine.vq import load_vq
 
     decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec)
     condition = Conditions(a, decoder.target)

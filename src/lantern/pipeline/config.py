@@ -16,9 +16,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from .errors import UserError
+from lantern.errors import UserError
 
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def load_schema(path: Path = SCHEMA) -> dict:
@@ -62,13 +62,13 @@ def as_list(value) -> list:
 
 def codebook_size(cfg: dict) -> int:
     if cfg["world"] == "llamagen":  # read from the file (checked to exist before the methods are)
-        from .neighbours import read_codebook
+        from lantern.engine.neighbours import read_codebook
 
         try:
             return int(read_codebook(cfg["llamagen"]["vq_ckpt"]).shape[0])
         except UserError as e:
             raise UserError(f"config: llamagen.vq_ckpt: {e}") from None
-    from .train_vq import VQParams
+    from lantern.worlds.toy.train_vq import VQParams
 
     return int(cfg["toy"]["vq"].get("codebook_size", VQParams().codebook_size))
 
@@ -128,7 +128,7 @@ def _check_methods(cfg: dict) -> None:
     for i, m in enumerate(cfg["sweep"]["methods"]):
         where = f"sweep.methods[{i}]"
         if isinstance(m.get("tree"), list):
-            from .trees import validate_tree_paths
+            from lantern.engine.trees import validate_tree_paths
 
             try:
                 validate_tree_paths(m["tree"])

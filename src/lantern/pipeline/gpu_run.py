@@ -1,6 +1,6 @@
 """Run a command on a GPU that no other gpu_run command holds, so parallel jobs do not pile onto GPU 0.
 
-    lantern-gpu-run CMD [ARGS...]        (console script; or python -m lantern.gpu_run)
+    lantern-gpu-run CMD [ARGS...]        (console script; or python -m lantern.pipeline.gpu_run)
 
 Snakemake counts GPU jobs (`--resources gpu=N`) but does not say which device a job should use. This wrapper
 takes the first free device of the pool, sets CUDA_VISIBLE_DEVICES to it, and execs CMD. The device is

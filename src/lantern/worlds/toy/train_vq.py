@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .checkpoint import save_checkpoint
-from .data import load_data, params_from, to_unit
-from .errors import UserError
-from .io import read_structured, write_json
-from .vq import VQArgs, VQModel
+from lantern.engine.checkpoint import save_checkpoint
+from lantern.worlds.toy.data import load_data, params_from, to_unit
+from lantern.errors import UserError
+from lantern.io import read_structured, write_json
+from lantern.engine.vq import VQArgs, VQModel
 
 
 @dataclass

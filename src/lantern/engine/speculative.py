@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .acceptance import AcceptRule, accept_probability, greedy_accept, residual
-from .drafter import Drafter, load_drafter
-from .errors import UserError
-from .generate import (
+from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual
+from lantern.engine.drafter import Drafter, load_drafter
+from lantern.errors import UserError
+from lantern.engine.generate import (
     ImageStats, SamplingParams, StepTimer, cfg_rows, peak_memory, reset_peak_memory, row_probs,
     sample_index,
 )
-from .model import GPT, causal_mask
+from lantern.engine.model import GPT, causal_mask
 
 
 def rule_from_method(method: dict) -> AcceptRule:
@@ -191,13 +191,13 @@ def generate(
 def make_decoder(method: dict, params: SamplingParams, target: GPT, drafter_path: str | None,
                  neighbours_path: str | None, vq_path: str | None, dtype: str, device: torch.device):
     """(cond, generator, cond_mask) -> (tokens [N], ImageStats) for a speculative sweep method (`lantern sample`)."""
-    from .neighbours import load_neighbours, read_codebook
+    from lantern.engine.neighbours import load_neighbours, read_codebook
 
     rule = rule_from_method(method)
     drafting = method.get("drafting", "chain")
     tree = None
     if drafting in ("static", "dynamic"):
-        from .trees import tree_decode, tree_from_method
+        from lantern.engine.trees import tree_decode, tree_from_method
 
         tree = tree_from_method(method)
     elif drafting != "chain":

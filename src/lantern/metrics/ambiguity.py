@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from .checkpoint import load_gpt
-from .data import params_from
-from .errors import UserError
-from .generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
-from .io import atomic_path, read_structured, write_json
-from .train_gpt import load_tokens, validation_loss
-from .train_vq import set_threads
+from lantern.engine.checkpoint import load_gpt
+from lantern.worlds.toy.data import params_from
+from lantern.errors import UserError
+from lantern.engine.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from lantern.io import atomic_path, read_structured, write_json
+from lantern.worlds.toy.train_gpt import load_tokens, validation_loss
+from lantern.worlds.toy.train_vq import set_threads
 
 LOW_TOP1 = 0.2  # the paper's notion of a flat step: no token above 20 %
 
@@ -114,9 +114,9 @@ def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | Non
     stats = {"target_params": sum(p.numel() for p in model.parameters()), "heldout_images": len(heldout["tokens"]),
              "target_val_loss": validation_loss(model, heldout["tokens"], heldout["labels"], batch)}
     if val_images:
-        from . import train_vq
-        from .data import load_data
-        from .vq import load_vq
+        from lantern import train_vq
+        from lantern.worlds.toy.data import load_data
+        from lantern.engine.vq import load_vq
 
         vq = train_vq.evaluate(load_vq(vq_path), load_data(val_images, "--val-images")["images"], batch)
         stats.update({f"vq_{k}": v for k, v in vq.items()})
@@ -128,7 +128,7 @@ def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_clas
     samples per CFG scale), to check samples look like their class as far as the VQ allows."""
     from torchvision.utils import make_grid, save_image
 
-    from .vq import load_vq
+    from lantern.engine.vq import load_vq
 
     vq = load_vq(vq_path)
     blocks = []

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..checkpoint import short_list
-from ..errors import UserError
+from lantern.engine.checkpoint import short_list
+from lantern.errors import UserError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = tuple(f"{name}.index.json" for name in WEIGHT_FILES)
@@ -29,7 +29,7 @@ DERIVED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 # -- reading their files --------------------------------------------------------------------------------------------
 def _read_weights(path: Path) -> dict[str, Tensor]:
-    from ..checkpoint import extract_state_dict, read_checkpoint
+    from lantern.engine.checkpoint import extract_state_dict, read_checkpoint
 
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -133,7 +133,7 @@ def config_spec(config: dict, sd: dict[str, Tensor]) -> dict:
 
 def check_target(sd: dict[str, Tensor], args) -> None:
     """Every upstream key present once with the upstream shape (compared with a GPT on the meta device)."""
-    from ..model import GPT
+    from lantern.engine.model import GPT
 
     with torch.device("meta"):
         want = {k: v.shape for k, v in GPT(args).state_dict().items()}
@@ -148,7 +148,7 @@ def check_target(sd: dict[str, Tensor], args) -> None:
 
 def printable_spec(args) -> dict:
     """The --target-spec that loads the converted file (named size where it is one)."""
-    from ..model import GPT_SIZES
+    from lantern.engine.model import GPT_SIZES
 
     size = next((name for name, v in GPT_SIZES.items() if v == {"n_layer": args.n_layer, "n_head": args.n_head,
                                                                   "dim": args.dim}), None)
@@ -179,7 +179,7 @@ def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
     """A Drafter for `target` computing the authors' drafter function from its state dict and config.json."""
     from dataclasses import replace
 
-    from ..drafter import AUTHORS_LLAMAGEN, Drafter
+    from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter
 
     a = target.args
     heads, layers = config.get("num_attention_heads", a.n_head), config.get("num_hidden_layers", 1)
@@ -211,7 +211,7 @@ def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
 
 # -- CLI --------------------------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> None:
-    from ..io import read_structured, save_torch
+    from lantern.io import read_structured, save_torch
 
     ap = argparse.ArgumentParser(prog="lantern convert", description=__doc__.split("\n")[0])
     ap.add_argument("--kind", required=True, choices=("target", "drafter"))
@@ -225,7 +225,7 @@ def main(argv: list[str]) -> None:
         raise UserError("--kind drafter needs --target (the GPT checkpoint the drafter serves, with --target-spec)")
     hf, config = read_hf(a.src)
     if a.kind == "target":
-        from ..checkpoint import parse_spec, target_args
+        from lantern.engine.checkpoint import parse_spec, target_args
 
         sd = target_state_dict(hf)
         stated = {**config_spec(config, sd), **read_structured(a.target_spec)}  # the user's spec has the last word
@@ -235,8 +235,8 @@ def main(argv: list[str]) -> None:
         spec = json.dumps(printable_spec(args))
         print(f"target {a.src} -> {a.out} ({len(sd)} tensors); load it with --target-spec '{spec}'")
         return
-    from ..checkpoint import load_gpt
-    from ..drafter import save_drafter
+    from lantern.engine.checkpoint import load_gpt
+    from lantern.engine.drafter import save_drafter
 
     spec = {"spec": read_structured(a.target_spec)} if a.target_spec else {}
     target = load_gpt(a.target, **spec)

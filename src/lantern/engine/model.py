@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import UserError
+from lantern.errors import UserError
 
 
 # Caption positions of LlamaGen t2i (FLAN-T5-XL features), also the rows of its uncond_embedding.

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .checkpoint import save_checkpoint
-from .data import params_from
-from .errors import UserError
-from .io import read_structured, write_json
-from .model import GPT, ModelArgs, num_params
-from .train_vq import cosine_lr, set_threads, sidecar
+from lantern.engine.checkpoint import save_checkpoint
+from lantern.worlds.toy.data import params_from
+from lantern.errors import UserError
+from lantern.io import read_structured, write_json
+from lantern.engine.model import GPT, ModelArgs, num_params
+from lantern.worlds.toy.train_vq import cosine_lr, set_threads, sidecar
 
 
 @dataclass

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checkpoint import parse_device, parse_dtype
-from ..errors import UserError
-from ..io import save_torch
-from .prompts import read_prompts
+from lantern.engine.checkpoint import parse_device, parse_dtype
+from lantern.errors import UserError
+from lantern.io import save_torch
+from lantern.worlds.llamagen.prompts import read_prompts
 
 FORMAT = "lantern-captions-v1"
 UPSTREAM_MAX_LENGTH = 120

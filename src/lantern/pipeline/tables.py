@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import UserError
-from .io import atomic_path, read_structured
-from .metrics.speed import IN_JOB_REFERENCE
+from lantern.errors import UserError
+from lantern.io import atomic_path, read_structured
+from lantern.metrics.speed import IN_JOB_REFERENCE
 
 SPEC_COLUMNS = ["name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed"]
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]

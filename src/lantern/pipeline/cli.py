@@ -5,28 +5,28 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import UserError
+from lantern.errors import UserError
 
 # subcommand -> module exposing main(argv: list[str]) -> None
 COMMANDS = {
-    "check-config": "lantern.config",
-    "make-data": "lantern.data",
-    "train-vq": "lantern.train_vq",
-    "tokenize": "lantern.vq",
-    "train-gpt": "lantern.train_gpt",
-    "ambiguity": "lantern.ambiguity",
-    "neighbours": "lantern.neighbours",
-    "train-drafter": "lantern.drafter",
-    "sample": "lantern.sample",
-    "encode-images": "lantern.llamagen.images",
-    "convert": "lantern.llamagen.convert",
+    "check-config": "lantern.pipeline.config",
+    "make-data": "lantern.worlds.toy.data",
+    "train-vq": "lantern.worlds.toy.train_vq",
+    "tokenize": "lantern.engine.vq",
+    "train-gpt": "lantern.worlds.toy.train_gpt",
+    "ambiguity": "lantern.metrics.ambiguity",
+    "neighbours": "lantern.engine.neighbours",
+    "train-drafter": "lantern.engine.drafter",
+    "sample": "lantern.pipeline.sample",
+    "encode-images": "lantern.worlds.llamagen.images",
+    "convert": "lantern.worlds.llamagen.convert",
     "train-clip": "lantern.metrics.train_clip",
     "evaluate": "lantern.metrics.evaluate",
     "speed": "lantern.metrics.speed",
-    "tables": "lantern.tables",
+    "tables": "lantern.pipeline.tables",
     "figure": "lantern.figures",
-    "prompts": "lantern.llamagen.prompts",
-    "encode-captions": "lantern.llamagen.captions",
+    "prompts": "lantern.worlds.llamagen.prompts",
+    "encode-captions": "lantern.worlds.llamagen.captions",
 }
 
 

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
-from .errors import UserError
-from .model import GPT, causal_mask
+from lantern.errors import UserError
+from lantern.engine.model import GPT, causal_mask
 
 
 # -- seeds --------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import UserError
+from lantern.errors import UserError
 
 
 @dataclass
@@ -53,7 +53,7 @@ class VQArgs:
 VQ_CONFIGS = {
     "VQ-16": VQArgs(),
     "VQ-8": VQArgs(ch_mult=(1, 2, 2, 4)),
-}  # the toy world's sizes are the defaults of lantern.train_vq.VQParams
+}  # the toy world's sizes are the defaults of lantern.worlds.toy.train_vq.VQParams
 
 
 def Normalize(ch: int, groups: int) -> nn.GroupNorm:
@@ -282,7 +282,7 @@ class VQModel(nn.Module):
 
 def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
     """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file without them is taken as VQ-16."""
-    from .checkpoint import extract_state_dict, load_weights, parse_device, read_checkpoint
+    from lantern.engine.checkpoint import extract_state_dict, load_weights, parse_device, read_checkpoint
 
     obj = read_checkpoint(path)
     if args is None:
@@ -304,8 +304,8 @@ def main(argv: list[str]) -> None:
 
     from tqdm import tqdm
 
-    from .data import load_data, to_unit
-    from .io import save_torch
+    from lantern.worlds.toy.data import load_data, to_unit
+    from lantern.io import save_torch
 
     ap = argparse.ArgumentParser(prog="lantern tokenize", description="encode a dataset into VQ code indices")
     ap.add_argument("--data", required=True, help="`lantern make-data` file")

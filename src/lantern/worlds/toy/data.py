@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import UserError
-from .io import read_structured, save_torch
+from lantern.errors import UserError
+from lantern.io import read_structured, save_torch
 
 CLASS_NAMES = (
     "circle", "ellipse", "triangle", "square", "pentagon", "hexagon", "star", "cross",

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from .errors import UserError
-from .io import read_structured, save_torch
-from .model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
+from lantern.errors import UserError
+from lantern.io import read_structured, save_torch
+from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
 FORMAT = "lantern-drafter-v1"
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
@@ -263,7 +263,7 @@ def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
     Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
     an evaluation draws from (global seed, index).
     """
-    from .generate import SamplingParams, generate, image_generator, image_seed
+    from lantern.engine.generate import SamplingParams, generate, image_generator, image_seed
 
     try:
         params = SamplingParams(**sampling)
@@ -358,7 +358,7 @@ def save_drafter(path: str | Path, drafter: Drafter, params: DrafterParams | Non
 
 def load_drafter(path: str | Path, target: GPT) -> Drafter:
     """A drafter for `target`, on its device and dtype; a drafter trained for another target is a UserError."""
-    from .checkpoint import read_checkpoint
+    from lantern.engine.checkpoint import read_checkpoint
 
     obj = read_checkpoint(path)
     if obj.get("format") != FORMAT:
@@ -427,7 +427,7 @@ def _load(path: Path, flag: str, maker: str) -> dict:
 def read_caption_features(paths: list[str], target: GPT) -> tuple[dict[str, int], CaptionRows, Tensor]:
     """(id -> row, every row as CaptionRows, masks [n, T]) of `lantern encode-captions` files, checked against the
     target."""
-    from .llamagen.captions import read_captions_file
+    from lantern.worlds.llamagen.captions import read_captions_file
 
     a, index, shards, where, masks = target.args, {}, [], [], []
     for s, path in enumerate(map(Path, paths)):
@@ -528,7 +528,7 @@ def params_from(mapping: dict) -> DrafterParams:
 
 
 def main(argv: list[str]) -> None:
-    from .checkpoint import load_gpt, parse_device
+    from lantern.engine.checkpoint import load_gpt, parse_device
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")

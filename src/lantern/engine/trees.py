@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .acceptance import AcceptRule, greedy_accept, verify_candidates
-from .drafter import Drafter
-from .errors import UserError
-from .generate import (
+from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
+from lantern.engine.drafter import Drafter
+from lantern.errors import UserError
+from lantern.engine.generate import (
     ImageStats, SamplingParams, StepTimer, peak_memory, reset_peak_memory, row_probs, sample_index,
 )
-from .model import GPT
-from .speculative import decode_each, speculative_prefill
+from lantern.engine.model import GPT
+from lantern.engine.speculative import decode_each, speculative_prefill
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
 STATIC_TOP_K = 10

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import UserError
-from .io import save_torch
-from .model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
+from lantern.errors import UserError
+from lantern.io import save_torch
+from lantern.engine.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
 
 CONTAINERS = ("model", "module", "state_dict")
 # Present in some upstream files, never part of our modules.

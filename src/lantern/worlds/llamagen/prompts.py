@@ -18,8 +18,8 @@ import csv
 import json
 from pathlib import Path
 
-from ..errors import UserError
-from ..io import atomic_path
+from lantern.errors import UserError
+from lantern.io import atomic_path
 
 COLUMNS = ("id", "caption")
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from lantern.errors import UserError
 
 KINDS = ("exact", "lantern", "lanternpp")
 RESIDUALS = ("bounded", "reference")

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import UserError
-from ..io import save_torch
-from .prompts import write_prompts
+from lantern.errors import UserError
+from lantern.io import save_torch
+from lantern.worlds.llamagen.prompts import write_prompts
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".tif", ".tiff"}
 CAPTION_FILES = ("captions.csv", "captions.jsonl")
@@ -123,8 +123,8 @@ def shard_range(start: int, end: int, count: int, root: Path) -> tuple[int, int]
 
 
 def main(argv: list[str]) -> None:
-    from ..checkpoint import parse_device
-    from ..vq import load_vq
+    from lantern.engine.checkpoint import parse_device
+    from lantern.engine.vq import load_vq
 
     ap = argparse.ArgumentParser(prog="lantern encode-images", description=__doc__.split("\n")[0])
     ap.add_argument("--images", required=True, help="image folder")

@@ -1,0 +1,1 @@
+"""The toy world: procedurally generated images and the trainers of its VQ, target and data."""
