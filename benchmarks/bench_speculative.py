@@ -22,10 +22,11 @@ import torch
 from lantern.engine.checkpoint import load_gpt, parse_device
 from lantern.engine.drafter import load_drafter
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, generate, image_generator
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.io import atomic_path
-from lantern.engine.speculative import rule_from_method, speculative_decode
-from lantern.engine.trees import tree_decode, tree_from_method
+from lantern.engine import methods as registry
+from lantern.engine.speculative import speculative_decode
 
 DELTAS, KS, LAMS = (0.01, 0.05, 0.1, 0.2, 0.4), (1, 5, 10, 50), (2, 5, 10)
 # naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.engine.trees)
@@ -34,27 +35,23 @@ DYNAMIC_TREES = {"59/4/10": {"total_tokens": 59, "depth": 4, "top_k": 10}}
 
 
 def methods(quick: bool, tree_k: int) -> list[dict]:
-    """The grid as sweep method specs (the keys `lantern sample` takes) plus a display `tag` for trees."""
+    """The grid as sweep method specs (the keys `lantern sample` takes)."""
     deltas, ks, lams = ((0.1, 0.2), (10, 50), (5,)) if quick else (DELTAS, KS, LAMS)
     out = [{"name": "vanilla"}]
     out += [{"name": "exact", "drafting": "chain", "gamma": g} for g in (4, 8)]
     out += [{"name": "lantern", "drafting": "chain", "gamma": 4, "delta": d, "k": k} for d in deltas for k in ks]
     out += [{"name": "lantern", "drafting": "chain", "gamma": 8, "delta": d, "k": max(ks)} for d in deltas]
-    trees = [{"drafting": "static", "tree": name, "tag": name} for name in STATIC_TREES]
-    trees += [{"drafting": "dynamic", **spec, "tag": name} for name, spec in DYNAMIC_TREES.items()]
+    trees = [{"drafting": "static", "tree": name} for name in STATIC_TREES]
+    trees += [{"drafting": "dynamic", **spec} for spec in DYNAMIC_TREES.values()]
     for t in trees:
         out.append({"name": "exact", **t})
         out += [{"name": "lantern", **t, "delta": d, "k": tree_k} for d in (0.1, 0.2) if d in deltas]
         out += [{"name": "lanternpp", **t, "lam": lam, "k": tree_k} for lam in lams]
-    return out
+    return [registry.normalize(m) for m in out]
 
 
 def setting(m: dict) -> str:
-    if m["name"] == "vanilla":
-        return "-"
-    parts = [f"chain g={m['gamma']}" if m["drafting"] == "chain" else f"{m['drafting']} {m['tag']}"]
-    parts += [f"{key}={m[key]}" for key in ("delta", "lam", "k") if key in m]
-    return " ".join(parts)
+    return registry.setting(m) or "-"
 
 
 def decoder(m: dict, params: SamplingParams, target, drafter, table):
@@ -65,13 +62,10 @@ def decoder(m: dict, params: SamplingParams, target, drafter, table):
             tokens, stats = generate(target, torch.tensor([label], device=device), params, [g])
             return tokens[0], stats[0]
         return vanilla
-    rule = rule_from_method(m)
+    rule, drafting = registry.rule(m), registry.drafting(m)
     t = table if rule.relaxed else None
-    if m["drafting"] == "chain":
-        return lambda label, g: speculative_decode(target, drafter, torch.tensor([label], device=device), params, rule,
-                                                   m["gamma"], g, t)
-    tree = tree_from_method(m)
-    return lambda label, g: tree_decode(target, drafter, torch.tensor([label], device=device), params, rule, tree, g, t)
+    return lambda label, g: speculative_decode(target, drafter, torch.tensor([label], device=device), params, rule,
+                                               drafting, g, t)
 
 
 def read_table(path: str, vq: str | None, vocab: int, k: int) -> torch.Tensor:

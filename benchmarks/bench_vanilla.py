@@ -11,7 +11,8 @@ import time
 import torch
 
 from lantern.engine.checkpoint import parse_device, parse_dtype
-from lantern.engine.generate import SamplingParams, generate, image_generator
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.model import GPT, named_args, num_params
 
 

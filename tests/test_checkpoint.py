@@ -5,7 +5,8 @@ from lantern.engine.checkpoint import (
     Found, extract_state_dict, load_gpt, load_weights, parse_spec, read_checkpoint, resolve_spec, save_checkpoint,
 )
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, generate, image_generator
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.model import GPT, ModelArgs, named_args
 
 

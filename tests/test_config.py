@@ -21,7 +21,7 @@ def lantern_method(**kw):
     ({"sweep": {"bogus": 1}}, r"unknown key sweep\.bogus"),
     ({"seed": "zero"}, r"seed = 'zero' has the wrong type; it must be a integer"),
     ({"sampling": {"top_p": 1.5}}, r"sampling\.top_p"),
-    (lantern_method(delta=[-0.1]), r"sweep\.methods\[0\]\.delta = -0\.1 is negative"),
+    (lantern_method(delta=[-0.1]), r"sweep\.methods\[0\]\.delta = -0\.1 must be >= 0"),
     (lantern_method(k=[10_000]), r"k = 10000 is larger than neighbours\.max_k"),
     ({"neighbours": {"max_k": 600}}, r"neighbours\.max_k = 600 exceeds the codebook's 511 other codes"),
     ({"sweep": {"methods": [{"name": "lanternpp", "lam": [1.0], "k": [5]}]}}, r"lam = 1\.0 must be > 1"),
@@ -35,7 +35,7 @@ def lantern_method(**kw):
     (lantern_method(delta=[float("nan")]), r"delta = nan must be a finite number"),
     (lantern_method(k=[float("inf")]), r"k = inf must be a finite number"),
     (lantern_method(gamma=4.0), r"gamma = 4\.0 must be an integer; write 4"),
-    (lantern_method(lam=[2]), r"\.lam does not apply to lantern \(lantern uses only delta, k\)"),
+    (lantern_method(lam=[2]), r"\.lam does not apply to lantern with chain drafting \(it takes drafting, delta, k, residual, gamma\); remove it"),
     ({"sweep": {"methods": [{"name": "exact", "k": 5}]}}, r"\.k does not apply to exact"),
     ({"sweep": {"methods": [{"name": "lanternpp", "lam": 2, "k": 5, "delta": 0.1}]}}, r"\.delta does not apply"),
     ({"sweep": {"methods": []}}, r"sweep\.methods is empty"),
@@ -87,7 +87,7 @@ def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode != 0
-    assert "error: config: sweep.methods[0].delta = -0.5 is negative" in out.stderr
+    assert "error: config: sweep.methods[0].delta = -0.5 must be >= 0" in out.stderr
 
 
 def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):

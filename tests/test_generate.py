@@ -2,9 +2,8 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.engine.generate import (
-    SamplingParams, generate, image_generator, image_seed, logits_to_probs, sample_index,
-)
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator, image_seed, logits_to_probs, sample_index
 from lantern.engine.model import GPT, ModelArgs
 
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.engine.generate import causal_mask, decode_one_token, prefill
+from lantern.engine.generate import decode_one_token, prefill
+from lantern.engine.model import causal_mask
 from lantern.engine.model import GPT, ModelArgs
 
 

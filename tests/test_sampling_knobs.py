@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from lantern.engine.generate import (
-    SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill,
-)
+from lantern.engine.generate import decode_one_token, generate, prefill
+
+from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.model import GPT, ModelArgs
 from lantern.engine.trees import row_probs
 from tiny import one_thread  # noqa: F401 (fixture)

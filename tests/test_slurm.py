@@ -26,7 +26,7 @@ from conftest import SMOKE_OUT, result_files, result_hashes  # noqa: E402
 
 SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm"
 LOCAL_GPU_PROFILE = REPO / "workflow" / "profiles" / "local-gpu"
-GPU_RUN = REPO / "src" / "lantern" / "gpu_run.py"
+GPU_RUN = REPO / "src" / "lantern" / "pipeline" / "gpu_run.py"
 MINI = REPO / "tests" / "slurm" / "mini" / "Snakefile"
 WORKFLOWS = {
     "smoke": ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(REPO / "config" / "smoke.yaml")],

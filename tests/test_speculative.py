@@ -6,9 +6,12 @@ import torch
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.drafter import Drafter, save_drafter
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.speculative import generate as spec_generate
-from lantern.engine.speculative import make_decoder, rule_from_method, speculative_decode
+from lantern.engine.chain import Chain
+from lantern.engine.methods import build_decoder, normalize, rule
+from lantern.engine.speculative import speculative_decode
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,7 +25,7 @@ def test_greedy_speculative_equals_greedy_ar(trained, cfg):
     ar, _ = generate(target, cond, params, gens(4))
     accepted = 0
     for gamma in (1, 3, 6):
-        sd, stats = spec_generate(target, drafter, cond, params, AcceptRule(), gamma, gens(4))
+        sd, stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(gamma), gens(4))
         assert torch.equal(sd, ar)
         accepted += sum(s.accepted_total for s in stats)
     assert accepted > 20  # the accepted-prefix and bonus paths were exercised, not only corrections
@@ -35,7 +38,7 @@ def test_greedy_speculative_equals_greedy_ar_t2i():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
-    sd, _ = spec_generate(target, drafter, cond, params, AcceptRule(), 3, gens(2), cond_mask=mask)
+    sd, _ = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(3), gens(2), cond_mask=mask)
     assert torch.equal(sd, ar)
 
 
@@ -43,7 +46,7 @@ def test_stats_account_for_every_token(trained):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0)
     for gamma in (2, 5):
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), gamma, gens(1)[0])
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(gamma), gens(1)[0])
         assert tokens.shape == (16,) and s.n_tokens == 16
         assert s.target_forwards == 1 + len(s.accepted_per_step)
         assert s.accepted_total == sum(s.accepted_per_step)
@@ -80,7 +83,7 @@ def test_exact_sampling_reproduces_the_target_distribution(V, top_k, n):
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for i in range(n):
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), 3,
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(3),
                                        image_generator(11, i))
         counts[index[tuple(tokens.tolist())]] += 1
         accepted += s.accepted_total
@@ -103,10 +106,10 @@ def test_degenerate_relaxations_equal_exact(trained, greedy):
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     table = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 16)]) for i in range(16)])
     cond = torch.arange(3)
-    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), 4, gens(3))
+    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(4), gens(3))
     for rule in (AcceptRule("lantern", delta=0.0, k=5), AcceptRule("lantern", delta=0.3, k=0),
                  AcceptRule("lanternpp", lam=1.0, k=5)):
-        got, stats = spec_generate(target, drafter, cond, params, rule, 4, gens(3), table=table)
+        got, stats = spec_generate(target, drafter, cond, params, rule, Chain(4), gens(3), table=table)
         assert torch.equal(got, want)
         assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
 
@@ -117,11 +120,11 @@ def test_relaxation_lengthens_accepted_runs(trained, greedy):
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
     cond = torch.arange(4).repeat(2)
-    _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), 4, gens(8))
+    _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(4), gens(8))
     tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
     for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lantern", delta=0.4, k=14, residual="reference"),
                  AcceptRule("lanternpp", lam=20.0, k=15)):
-        tokens, relaxed = spec_generate(target, drafter, cond, params, rule, 4, gens(8), table=table)
+        tokens, relaxed = spec_generate(target, drafter, cond, params, rule, Chain(4), gens(8), table=table)
         assert tokens.shape == (8, 16) and tokens.min() >= 0 and tokens.max() < 16
         assert tau(relaxed) > tau(exact)
 
@@ -130,21 +133,19 @@ def test_relaxed_rule_needs_a_table(trained):
     target, drafter = trained
     with pytest.raises(UserError, match="neighbour table"):
         speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lantern", delta=0.1, k=3),
-                           4, gens(1)[0])
+                           Chain(4), gens(1)[0])
     with pytest.raises(UserError, match="gamma"):
-        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule(), 0, gens(1)[0])
+        Chain(0)
 
 
-def test_rule_from_method():
-    assert rule_from_method({"name": "exact", "gamma": 4}) == AcceptRule()
-    assert rule_from_method({"name": "lantern", "delta": 0.2, "k": 10, "residual": "reference"}) == \
+def test_rules_from_the_registry():
+    assert rule(normalize({"name": "exact", "gamma": 4})) == AcceptRule()
+    assert rule(normalize({"name": "lantern", "delta": 0.2, "k": 10, "residual": "reference"})) == \
         AcceptRule("lantern", delta=0.2, k=10, residual="reference")
-    assert rule_from_method({"name": "lanternpp", "lam": 5, "k": 3}) == AcceptRule("lanternpp", lam=5.0, k=3)
-    with pytest.raises(UserError, match="not a speculative method"):
-        rule_from_method({"name": "vanilla"})
+    assert rule(normalize({"name": "lanternpp", "lam": 5, "k": 3})) == AcceptRule("lanternpp", lam=5.0, k=3)
 
 
-def test_make_decoder(tmp_path, trained):
+def test_build_decoder(tmp_path, trained):
     from lantern.engine.neighbours import build_table, NeighbourParams
 
     target, drafter = trained
@@ -153,17 +154,17 @@ def test_make_decoder(tmp_path, trained):
     torch.save({"model": {"quantize.embedding.weight": codebook}}, tmp_path / "vq.pt")
     torch.save(build_table(codebook, NeighbourParams(k=15)), tmp_path / "nb.pt")
     paths = dict(drafter_path=str(tmp_path / "d.pt"), neighbours_path=str(tmp_path / "nb.pt"),
-                 vq_path=str(tmp_path / "vq.pt"), dtype="fp32", device=torch.device("cpu"))
+                 vq_path=str(tmp_path / "vq.pt"), device=torch.device("cpu"))
     params = SamplingParams(cfg_scale=2.0)
     method = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 10, "residual": "reference"}
-    run = make_decoder(method, params, target, **paths)
+    run = build_decoder(method, params, target, **paths)
     tokens, stats = run(2, image_generator(0, 0))
-    assert tokens.shape == (16,) and stats.n_tokens == 16
-    with pytest.raises(UserError, match="unknown"):
-        make_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
-    with pytest.raises(UserError, match="gamma"):
-        make_decoder({**method, "gamma": 0}, params, target, **paths)
+    assert tokens.shape == (16,) and stats.n_tokens == 16 and len(stats.tree_depth) == len(stats.accepted_per_step)
+    with pytest.raises(UserError, match="drafting = 'zigzag' is not allowed"):
+        build_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
+    with pytest.raises(UserError, match="gamma = 0 must be >= 1"):
+        build_decoder({**method, "gamma": 0}, params, target, **paths)
     with pytest.raises(UserError, match="drafter"):
-        make_decoder(method, params, target, **{**paths, "drafter_path": None})
+        build_decoder(method, params, target, **{**paths, "drafter_path": None})
     with pytest.raises(UserError, match="stores k=15"):
-        make_decoder({**method, "k": 15}, params, target, **paths)  # the reference residual reads k + 1
+        build_decoder({**method, "k": 15}, params, target, **paths)  # the reference residual reads k + 1

@@ -59,9 +59,9 @@ def stats_row(i: int, point: str, mode: str, spec: dict, rng) -> dict:
            "tokens": " ".join(str(int(t)) for t in rng.integers(0, 64, N_TOKENS))}
     if mode == "sampling" and spec["name"] != "vanilla":  # `lantern sample --in-job-vanilla`
         row["vanilla_time_total_s"] = 0.001 * N_TOKENS * (1.0 + 0.1 * rng.random())
-    if spec.get("drafting") in ("static", "dynamic"):
-        row["accepted_depth"] = row["accepted_per_step"]
-        row["tree_depth"] = " ".join(str(5 if spec["drafting"] == "static" else max(2, a + 1)) for a in steps)
+    if spec["name"] != "vanilla":  # the deepest drafted node per round: a chain's length
+        depth = {"chain": lambda a: spec.get("gamma"), "static": lambda a: 5}.get(spec["drafting"], lambda a: max(2, a + 1))
+        row["tree_depth"] = " ".join(str(depth(a)) for a in steps)
     return row
 
 
@@ -126,7 +126,8 @@ def test_sweep_table_columns_and_reference_values(built):
     # paper order within each mode: vanilla, its control, then exact SD
     assert list(sweep["point"][:3]) == ["vanilla", "vanilla-control", "exact-chain-g4"]
     assert sweep["tau_incl_bonus"].max() > 1.5  # the synthetic relaxations accept drafts
-    assert sweep.loc[sweep["drafting"] == "chain", "accepted_depth_mean"].isna().all()
+    assert sweep.loc[sweep["drafting"] == "chain", "accepted_depth_mean"].notna().all()
+    assert sweep.loc[sweep["name"] == "vanilla", ["accepted_depth_mean", "tree_depth_mean"]].isna().all().all()
 
 
 def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):

@@ -6,16 +6,23 @@ import torch
 from lantern.engine.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
 from lantern.engine.drafter import Drafter, target_states
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, decode_one_token, generate, image_generator, logits_to_probs, mix_cfg, prefill
-from lantern.engine.speculative import generate as chain_generate
+from lantern.engine.generate import decode_one_token, generate, prefill
+from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg, row_probs
+from lantern.engine.chain import Chain
+from lantern.engine.methods import drafting, normalize
+from lantern.engine.speculative import generate as spec_generate, speculative_decode
 from lantern.pipeline.tables import accepted_mask
 from lantern.engine.trees import (
-    Draft, DynamicTree, StaticTree, generate as tree_generate, row_probs, static_tree, tree_decode, tree_from_method,
-    validate_tree_paths, verify_tree,
+    Draft, DynamicTree, StaticTree, static_tree, validate_tree_paths, verify_tree,
 )
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tree_from_method(spec: dict):
+    """The draft tree of a sweep method spec, as the registry builds it."""
+    return drafting(normalize({"name": "exact", **spec}))
 
 
 TREES = {
@@ -80,7 +87,7 @@ def test_shape_specs_and_errors():
     assert validate_tree_paths([[0, 0], [1], [0]]) == [(0,), (1,), (0, 0)]
     assert validate_tree_paths([[r] for r in range(10)])[-1] == (9,)
     for bad, needle in [([[0], [0, 0, 0]], "no parent"), ([[0], [2]], "skips rank"), ([[0], [0]], "twice"),
-                        ([[0], [-1]], "ranks"), ([], "non-empty"), ("bushy", "unknown static tree"),
+                        ([[0], [-1]], "ranks"), ([], "non-empty"), ("bushy", "not a static tree"),
                         ([[r] for r in range(11)], "ranks must be < 10"), ([[0], [0, True]], "ranks"),
                         ([[0], "0"], "ranks"), ([[0], [0, 1.0]], "ranks")]:
         with pytest.raises(UserError, match=needle) as e:
@@ -93,8 +100,6 @@ def test_shape_specs_and_errors():
         static_tree("chain", 0)
     with pytest.raises(UserError, match="top_k"):
         DynamicTree(top_k=0)
-    with pytest.raises(UserError, match="not a tree"):
-        tree_from_method({"drafting": "chain"})
 
 
 # -- greedy: exactly the AR tokens ---------------------------------------------------------------------------------
@@ -105,7 +110,7 @@ def test_greedy_tree_decoding_equals_greedy_ar(trained, cfg):
     cond = torch.arange(4)
     ar, _ = generate(target, cond, params, gens(4))
     for name, tree in TREES.items():
-        out, stats = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(4))
+        out, stats = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(4))
         assert torch.equal(out, ar), name
         assert sum(s.accepted_total for s in stats) > 20  # long accepted paths were exercised, not only corrections
 
@@ -118,7 +123,7 @@ def test_greedy_tree_equals_ar_t2i_with_padding():
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
     for tree in (TREES["static"], TREES["small-dynamic"]):
-        out, _ = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(2), cond_mask=mask)
+        out, _ = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(2), cond_mask=mask)
         assert torch.equal(out, ar)
 
 
@@ -126,8 +131,8 @@ def test_chain_shaped_tree_is_chain_sd(trained):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     cond = torch.arange(4)
-    want, want_stats = chain_generate(target, drafter, cond, params, AcceptRule(), 3, gens(4))
-    got, stats = tree_generate(target, drafter, cond, params, AcceptRule(), static_tree("chain", 3), gens(4))
+    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(3), gens(4))
+    got, stats = spec_generate(target, drafter, cond, params, AcceptRule(), static_tree("chain", 3), gens(4))
     assert torch.equal(got, want)
     assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
     assert all(s.drafter_forwards == w.drafter_forwards for s, w in zip(stats, want_stats))
@@ -138,13 +143,13 @@ def test_stats_rows(trained, greedy):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     for tree in TREES.values():
-        tokens, s = tree_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, gens(1)[0])
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, gens(1)[0])
         assert tokens.shape == (16,) and s.target_forwards == 1 + len(s.accepted_per_step)
-        assert s.accepted_depth == s.accepted_per_step and s.accepted_total == sum(s.accepted_per_step)
-        assert all(a <= d <= 5 for a, d in zip(s.accepted_depth, s.tree_depth))
+        assert s.accepted_total == sum(s.accepted_per_step)
+        assert all(a <= d <= 5 for a, d in zip(s.accepted_per_step, s.tree_depth))
         assert s.tau == 16 / s.target_forwards and s.time_draft_s > 0 and s.time_verify_s > 0
         row = s.row()
-        assert row["tree_depth"] == " ".join(map(str, s.tree_depth)) and row["accepted_depth"] == row["accepted_per_step"]
+        assert row["tree_depth"] == " ".join(map(str, s.tree_depth))
         accepted_mask(torch.tensor(s.accepted_per_step).numpy(), 16)  # consistent with the tables' token layout
 
 
@@ -156,9 +161,9 @@ def test_relaxation_deepens_trees(trained, greedy):
     cond = torch.arange(4).repeat(2)
     tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
     for tree in (TREES["static"], TREES["dynamic"]):
-        _, exact = tree_generate(target, drafter, cond, params, AcceptRule(), tree, gens(8))
+        _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(8))
         for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lanternpp", lam=20.0, k=15)):
-            tokens, relaxed = tree_generate(target, drafter, cond, params, rule, tree, gens(8), table=table)
+            tokens, relaxed = spec_generate(target, drafter, cond, params, rule, tree, gens(8), table=table)
             assert tokens.min() >= 0 and tokens.max() < 16
             assert tau(relaxed) > tau(exact)
 
@@ -166,11 +171,11 @@ def test_relaxation_deepens_trees(trained, greedy):
 def test_relaxed_tree_needs_a_table(trained):
     target, drafter = trained
     with pytest.raises(UserError, match="neighbour table"):
-        tree_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
+        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
                     TREES["static"], gens(1)[0])
     small = tiny_target(vocab_size=4, image_tokens=4)
     with pytest.raises(UserError, match="beyond the vocabulary"):
-        tree_decode(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
+        speculative_decode(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
                     TREES["static"], gens(1)[0])
 
 
@@ -232,7 +237,7 @@ def test_drafter_tree_passes_match_uncached_drafter(trained):
     drafter.setup_cache(2, extra=tree.drafter_slots)
     pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
     q_root = row_probs(drafter.head(pred), params, n_done)[0]
-    draft = tree.draft(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator().manual_seed(0))
+    draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator().manual_seed(0))
     drafter.clear_cache()
     assert draft.drafter_passes == 4
     for i in [i for i in range(tree.n) if tree.children[i + 1]]:
@@ -291,10 +296,10 @@ def test_exact_tree_sampling_reproduces_the_target_distribution(kind, n):
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for i in range(n):
-        tokens, s = tree_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, image_generator(11, i))
+        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, image_generator(11, i))
         counts[index[tuple(tokens.tolist())]] += 1
         accepted += s.accepted_total
-        rejected += sum(a < d for a, d in zip(s.accepted_depth, s.tree_depth))
+        rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
     assert accepted > n / 6 and rejected > n / 6  # both paths ran often
     assert counts[joint == 0].sum() == 0  # nothing outside the top-k support
     assert chi2_pvalue(counts, joint, n) > 1e-3
@@ -337,17 +342,17 @@ def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
     assert max(tvs) <= delta + 1e-9 and max(tvs) > 0.1  # bounded, and the relaxation really moved mass
     counts = torch.zeros(V, V, dtype=torch.float64)
     for i in range(n):
-        tokens, _ = tree_decode(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
+        tokens, _ = speculative_decode(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
         counts[tokens[0], tokens[1]] += 1
     assert counts[expected == 0].sum() == 0  # e.g. the aggregated neighbours of a rejected draft
     assert chi2_pvalue(counts.flatten(), expected.flatten(), n) > 1e-3
 
 
 # -- routing from a sweep method ----------------------------------------------------------------------------------
-def test_make_decoder_routes_trees(tmp_path, trained):
+def test_build_decoder_routes_trees(tmp_path, trained):
     from lantern.engine.drafter import save_drafter
+    from lantern.engine.methods import build_decoder
     from lantern.engine.neighbours import NeighbourParams, build_table
-    from lantern.engine.speculative import make_decoder
 
     target, drafter = trained
     save_drafter(tmp_path / "d.pt", drafter)
@@ -355,17 +360,17 @@ def test_make_decoder_routes_trees(tmp_path, trained):
     torch.save({"model": {"quantize.embedding.weight": codebook}}, tmp_path / "vq.pt")
     torch.save(build_table(codebook, NeighbourParams(k=15)), tmp_path / "nb.pt")
     paths = dict(drafter_path=str(tmp_path / "d.pt"), neighbours_path=str(tmp_path / "nb.pt"),
-                 vq_path=str(tmp_path / "vq.pt"), dtype="fp32", device=torch.device("cpu"))
+                 vq_path=str(tmp_path / "vq.pt"), device=torch.device("cpu"))
     params = SamplingParams(cfg_scale=2.0)
     for method in ({"name": "lanternpp", "drafting": "static", "lam": 5.0, "k": 10},
                    {"name": "lantern", "drafting": "dynamic", "delta": 0.1, "k": 10, "top_k": 4},
                    {"name": "exact", "drafting": "static", "tree": "chain", "gamma": 3}):
-        tokens, stats = make_decoder(method, params, target, **paths)(2, image_generator(0, 0))
+        tokens, stats = build_decoder(method, params, target, **paths)(2, image_generator(0, 0))
         assert tokens.shape == (16,) and len(stats.tree_depth) == len(stats.accepted_per_step) > 0
     with pytest.raises(UserError, match="skips rank"):
-        make_decoder({"name": "exact", "drafting": "static", "tree": [[1]]}, params, target, **paths)
-    with pytest.raises(UserError, match="unknown"):
-        make_decoder({"name": "exact", "drafting": "zigzag"}, params, target, **paths)
+        build_decoder({"name": "exact", "drafting": "static", "tree": [[1]]}, params, target, **paths)
+    with pytest.raises(UserError, match="drafting = 'zigzag' is not allowed"):
+        build_decoder({"name": "exact", "drafting": "zigzag"}, params, target, **paths)
 
 
 @torch.no_grad()
@@ -380,7 +385,7 @@ def test_dynamic_tree_is_eagle2_selection(trained):
     drafter.setup_cache(2, extra=tree.drafter_slots)
     pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
     q_root = row_probs(drafter.head(pred), params, n_done)[0]
-    draft = tree.draft(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator())
+    draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator())
     drafter.clear_cache()
 
     def logq(path):  # the drafter's log-distribution after the token path, by uncached passes

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lantern.engine.drafter import DrafterParams, self_generate, train_drafter
-from lantern.engine.generate import image_generator
+from lantern.engine.sampling import image_generator
 from lantern.engine.model import GPT, ModelArgs
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
                             validate_config)
+from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes
 from lantern.errors import UserError
 
 
@@ -97,9 +98,9 @@ def neighbours_table():
 def generate_inputs(wildcards):
     method = POINTS[wildcards.point]
     inputs = {"target": target_ckpt(), "vq": vq_ckpt()}
-    if method["name"] != "vanilla":
+    if needs_drafter(method):
         inputs["drafter"] = drafter_ckpt()
-    if method["name"] in ("lantern", "lanternpp"):
+    if needs_neighbours(method):
         inputs["neighbours"] = neighbours_table()
     if T2I:
         inputs["captions"] = f"{OUT}/llamagen/captions/shard{wildcards.shard}.pt"
@@ -130,9 +131,9 @@ def reference_images():
 # --- figures (figures.smk) ---
 
 STYLE = f"{workflow.basedir}/src/lantern/figures/lantern.mplstyle"
-HAS_LANTERN = any(p["name"] == "lantern" for p in POINTS.values())
+HAS_LANTERN = any("delta" in relaxation_axes(p["name"]) for p in POINTS.values())  # the figures' default x axis
 HAS_TREES = any(p.get("drafting") in ("static", "dynamic") for p in POINTS.values())
-HAS_DRAFTS = any(p["name"] != "vanilla" for p in POINTS.values())
+HAS_DRAFTS = any(needs_drafter(p) for p in POINTS.values())
 TABLE_FIGURES = ["tradeoff"] + ["tau_vs_delta", "heatmap"] * HAS_LANTERN + ["tree_depth"] * HAS_TREES
 TABLE_FIGURES += ["acceptance_map"] * HAS_DRAFTS
 

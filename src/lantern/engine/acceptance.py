@@ -27,6 +27,7 @@ Residual after rejecting x:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -44,9 +45,11 @@ class AcceptRule:
     lam: float = 1.0  # LANTERN++: p~(x) <= lam * p(x)
     k: int = 0  # neighbours of x that may lend their mass
     residual: str = "bounded"
+    # A registered family's own rule (engine/methods.py): p(x) -> the neighbour mass x may claim.
+    bound_fn: Callable[[Tensor], Tensor] | None = None
 
     def __post_init__(self):
-        if self.kind not in KINDS:
+        if self.kind not in KINDS and self.bound_fn is None:
             raise UserError(f"acceptance kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
         if self.residual not in RESIDUALS:
             raise UserError(f"residual must be one of {', '.join(RESIDUALS)}; got {self.residual!r}")
@@ -71,6 +74,8 @@ class AcceptRule:
         """False when the rule reduces to exact decoding (k = 0, delta = 0 or lam = 1)."""
         if self.kind == "exact" or self.k == 0:
             return False
+        if self.bound_fn is not None:
+            return True
         return self.delta > 0 if self.kind == "lantern" else self.lam > 1
 
     @property
@@ -83,8 +88,9 @@ class AcceptRule:
     def describe(self) -> str:
         if not self.relaxed:
             return "exact"
-        bound = f"delta={self.delta:g}" if self.kind == "lantern" else f"lam={self.lam:g}"
-        return f"{self.kind}({bound}, k={self.k}, residual={self.residual})"
+        bound = ("" if self.bound_fn is not None else
+                 f"delta={self.delta:g}, " if self.kind == "lantern" else f"lam={self.lam:g}, ")
+        return f"{self.kind}({bound}k={self.k}, residual={self.residual})"
 
 
 def _take(p: Tensor, x: Tensor) -> Tensor:
@@ -101,7 +107,9 @@ def relaxed_mass(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule, b
     if table is None or table.shape[-1] < rule.k:
         raise ValueError(f"{rule.describe()} needs a neighbour table with >= {rule.k} columns")
     cum = p.gather(-1, table[x, : rule.k].long()).cumsum(-1)  # non-decreasing: m* = how many c_m fit the bound
-    if rule.kind == "lanternpp":
+    if rule.bound_fn is not None:
+        bound = torch.as_tensor(rule.bound_fn(_take(p, x)), dtype=p.dtype, device=p.device).unsqueeze(-1)
+    elif rule.kind == "lanternpp":
         bound = (rule.lam - 1.0) * _take(p, x).unsqueeze(-1)
     else:
         bound = rule.delta if budget is None else budget

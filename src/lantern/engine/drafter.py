@@ -263,7 +263,8 @@ def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
     Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
     an evaluation draws from (global seed, index).
     """
-    from lantern.engine.generate import SamplingParams, generate, image_generator, image_seed
+    from lantern.engine.generate import generate
+    from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 
     try:
         params = SamplingParams(**sampling)

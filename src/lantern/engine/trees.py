@@ -10,7 +10,7 @@ One round, with y the newest token at target position Q (not yet fed to the targ
    path; sampling walks down from y, trying each node's children in order with multi-candidate verification
    (acceptance.verify_candidates), and ends on a correction drawn from the residual or a bonus token below an
    accepted leaf; greedy emits the target's argmax after the path;
-4. commit: the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep); the next catch-up
+4. commit (the shared loop): the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep); the next catch-up
    rewrites the drafter's.
 
 Children of a node: under greedy, and on every dynamic tree, the parent's top-ranked drafter tokens, verified as
@@ -27,24 +27,22 @@ the top-ranked path. `twin_chain_8` (16 nodes, depth 8) suits CPUs (see below); 
 Dynamic trees (EAGLE-2, the authors' parameter names): the root's top_k children, then `depth` expansions, each
 running the drafter on the top_k frontier nodes by cumulative drafter log-probability and offering each one's
 top_k children; the best total_tokens - 1 of all offered nodes form the tree (drafts reach depth + 1).
-Stats: accepted_per_step = accepted_depth = drafts accepted per round; tree_depth = the deepest drafted node.
+Stats (stats.ImageStats): accepted_per_step = drafts accepted per round, the accepted depth; tree_depth = the
+deepest drafted node.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
 from lantern.engine.drafter import Drafter
-from lantern.errors import UserError
-from lantern.engine.generate import (
-    ImageStats, SamplingParams, StepTimer, peak_memory, reset_peak_memory, row_probs, sample_index,
-)
 from lantern.engine.model import GPT
-from lantern.engine.speculative import decode_each, speculative_prefill
+from lantern.engine.sampling import SamplingParams, row_probs
+from lantern.errors import UserError
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
 STATIC_TOP_K = 10
@@ -84,6 +82,42 @@ class Draft:
     def max_depth(self) -> int:
         return int(self.depth.max())
 
+    def tokens_at(self, path: list[int]) -> list[int]:
+        return self.tokens[path].tolist()
+
+
+class TreeRounds:
+    """The round of speculative.speculative_decode for draft trees: `grow` is the shape's own drafting."""
+
+    @property
+    def target_extra(self) -> int:
+        return self.max_nodes
+
+    @property
+    def drafter_extra(self) -> int:
+        return self.drafter_slots
+
+    def check(self, target: GPT) -> None:
+        if self.max_rank >= target.args.vocab_size:
+            raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
+                            f"{target.args.vocab_size}")
+
+    def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
+              generator: torch.Generator) -> "Draft":
+        q_root = row_probs(drafter.head(pred), params, n_done)[0]
+        return self.grow(drafter, pred, q_root, params, Q, n_done, left, generator)
+
+    def verify(self, target: GPT, y: int, draft: "Draft", Q: int) -> tuple[Tensor, Tensor]:
+        return verify_tree(target, y, draft, Q)
+
+    def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
+               rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
+        depth = torch.cat([torch.zeros(1, dtype=torch.long, device=logits.device), draft.depth])
+        P = row_probs(logits, params, n_done + depth)
+        if params.greedy:
+            return accept_greedy(P, draft, table, rule)
+        return accept_sampled(P, draft, table, rule, generator)
+
 
 @dataclass
 class _Level:
@@ -99,7 +133,7 @@ class _Level:
     runner_anc: Tensor  # [runners, n] their ancestors and themselves
 
 
-class StaticTree:
+class StaticTree(TreeRounds):
     """A static draft shape from rank paths; masks, levels and gather indices are computed once, on `device`."""
 
     def __init__(self, paths, name: str = "custom", device="cpu"):
@@ -161,8 +195,8 @@ class StaticTree:
     def describe(self) -> str:
         return f"static tree {self.name} ({self.n} nodes, depth {self.depth})"
 
-    def draft(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-              max_depth: int, generator: torch.Generator) -> Draft:
+    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
+             max_depth: int, generator: torch.Generator) -> Draft:
         """Grow the shape (cut at max_depth) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
         shape = self.upto(max_depth)
         R, device = pred.shape[0], pred.device
@@ -195,7 +229,7 @@ class StaticTree:
 
 
 @dataclass(frozen=True)
-class DynamicTree:
+class DynamicTree(TreeRounds):
     """EAGLE-2 dynamic tree (the LANTERN code's defaults)."""
 
     total_tokens: int = 59  # y plus the kept nodes
@@ -226,8 +260,8 @@ class DynamicTree:
     def describe(self) -> str:
         return f"dynamic tree (total_tokens {self.total_tokens}, depth {self.depth}, top_k {self.top_k})"
 
-    def draft(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-              max_depth: int, generator: torch.Generator) -> Draft:
+    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
+             max_depth: int, generator: torch.Generator) -> Draft:
         R, device = pred.shape[0], pred.device
         k, m = self.top_k, self.drafter_slots
         levels = min(self.depth + 1, max_depth)
@@ -321,16 +355,6 @@ def static_tree(name_or_paths, gamma: int = 4) -> StaticTree:
     raise UserError(f"unknown static tree {name_or_paths!r}; use {' or '.join(SHAPES)} or a list of rank paths")
 
 
-def tree_from_method(method: dict) -> StaticTree | DynamicTree:
-    """The tree of a sweep method spec: drafting static (tree, gamma for `chain`) or dynamic (total_tokens, depth, top_k)."""
-    drafting = method.get("drafting")
-    if drafting == "static":
-        return static_tree(method.get("tree", "naive_extend_57"), method.get("gamma", 4))
-    if drafting == "dynamic":
-        return DynamicTree(**{k: method[k] for k in ("total_tokens", "depth", "top_k") if k in method})
-    raise UserError(f"drafting {drafting!r} is not a tree; use static or dynamic")
-
-
 # -- shared pieces ------------------------------------------------------------------------------------------------
 def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     """[rows, cache_len]: the committed slots < Q plus `block` over the slots from Q on."""
@@ -385,105 +409,3 @@ def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRu
             return path, p
         node = cands[j]
         path.append(node)
-
-
-# -- decoding -----------------------------------------------------------------------------------------------------
-@dataclass
-class TreeStats(ImageStats):
-    """ImageStats plus, per verification step, the accepted depth and the depth of the drafted tree."""
-
-    accepted_depth: list[int] = field(default_factory=list)
-    tree_depth: list[int] = field(default_factory=list)
-
-    def row(self) -> dict:
-        d = super().row()
-        d.update(accepted_depth=" ".join(map(str, self.accepted_depth)), tree_depth=" ".join(map(str, self.tree_depth)))
-        return d
-
-
-@torch.no_grad()
-def tree_decode(
-    target: GPT,
-    drafter: Drafter,
-    cond: Tensor,
-    params: SamplingParams,
-    rule: AcceptRule,
-    tree: StaticTree | DynamicTree,
-    generator: torch.Generator,
-    table: Tensor | None = None,
-    cond_mask: Tensor | None = None,
-) -> tuple[Tensor, TreeStats]:
-    """Decode one image (cond [1] or [1, T, C]) with tree drafts; returns its tokens [N] and stats."""
-    if cond.shape[0] != 1:
-        raise ValueError(f"tree_decode takes one image at a time, got a batch of {cond.shape[0]}")
-    if rule.relaxed and (table is None or table.shape[1] < rule.table_width):
-        raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
-    if tree.max_rank >= target.args.vocab_size:
-        raise UserError(f"{tree.describe()} drafts rank {tree.max_rank}, beyond the vocabulary of {target.args.vocab_size}")
-    N, T = target.args.image_tokens, target.args.cls_token_num
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    with timer.section("other"):
-        tree = tree.to(device)
-    R, first, pend_emb, hidden = speculative_prefill(target, drafter, cond, params, generator, timer, cond_mask,
-                                                     target_extra=tree.max_nodes, drafter_extra=tree.drafter_slots)
-    tokens = [first]
-    pend_h, start, Q = hidden, 0, T
-    stats = TreeStats(n_tokens=N, target_forwards=1)
-
-    while len(tokens) < N:
-        n_done = len(tokens)
-        with timer.section("draft"):
-            pred = drafter.step(pend_emb, pend_h, start)[:, -1:]  # predicted h_Q
-            q_root = row_probs(drafter.head(pred), params, n_done)[0]
-            draft = tree.draft(drafter, pred, q_root, params, Q, n_done, N - n_done, generator)
-            stats.drafter_forwards += 1 + draft.drafter_passes
-        with timer.section("verify"):
-            logits, hidden = verify_tree(target, tokens[-1], draft, Q)
-            stats.target_forwards += 1
-        with timer.section("other"):
-            P = row_probs(logits, params, n_done + torch.cat([torch.zeros(1, dtype=torch.long, device=device), draft.depth]))
-            if params.greedy:
-                path, p = accept_greedy(P, draft, table, rule)
-            else:
-                path, p = accept_sampled(P, draft, table, rule, generator)
-            a = len(path)
-            if a:
-                target.keep(Q + 1 + torch.tensor(path, device=device), Q + 1)
-            tokens += draft.tokens[path].tolist()
-            stats.accepted_per_step.append(a)
-            stats.accepted_depth.append(a)
-            stats.tree_depth.append(draft.max_depth)
-            if len(tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-                break
-            tokens.append(int(p.argmax()) if params.greedy else sample_index(p, generator))
-            pend_emb = drafter.embed_tokens(torch.tensor(tokens[-a - 1 :], device=device).expand(R, -1))
-            pend_h = hidden[:, [0] + [i + 1 for i in path]]
-            start, Q = Q, Q + a + 1
-
-    target.clear_cache()
-    drafter.clear_cache()
-    stats.accepted_total = sum(stats.accepted_per_step)
-    stats.time_draft_s = timer.seconds.get("draft", 0.0)
-    stats.time_verify_s = timer.seconds.get("verify", 0.0)
-    stats.time_other_s = timer.seconds.get("other", 0.0)
-    stats.peak_mem_bytes = peak_memory(device)
-    return torch.tensor(tokens, device=device), stats
-
-
-def generate(
-    target: GPT,
-    drafter: Drafter,
-    cond: Tensor,
-    params: SamplingParams,
-    rule: AcceptRule,
-    tree: StaticTree | DynamicTree,
-    generators: list[torch.Generator],
-    table: Tensor | None = None,
-    cond_mask: Tensor | None = None,
-) -> tuple[Tensor, list[TreeStats]]:
-    """Tree speculative decoding of a batch, one image at a time; same contract as generate.generate."""
-    return decode_each(
-        lambda c, g, m: tree_decode(target, drafter, c, params, rule, tree, g, table, m), cond, generators, cond_mask
-    )

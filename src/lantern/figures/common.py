@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import UserError
-from lantern.pipeline.tables import METHOD_LABELS, order_key
+from lantern.engine import methods
+from lantern.pipeline.tables import order_key
 
 
 FID_FEATURES = {"toyclip": "toy-CLIP features", "clip": "CLIP features", "inception-v3-compat": "Inception-v3"}
@@ -37,7 +38,7 @@ def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFra
 
 
 def read_sweep(tables: Path | None, columns: list[str] = ()) -> pd.DataFrame:
-    base = ["mode", "point", "name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree"]
+    base = ["mode", "point"] + methods.spec_columns()[:-1]
     return read_table(tables, "sweep.csv", base + [c for c in columns if c not in base])
 
 
@@ -60,50 +61,44 @@ def short_label(row) -> str:
     name = row["name"]
     if name == "vanilla":
         return "AR" if row["point"] == "vanilla" else "AR (control seed)"
-    parts = [METHOD_LABELS.get(name, str(name))]
+    spec = methods.from_row(row)
+    parts = [methods.label(name)]
     if row["drafting"] != "chain":
         parts.append(f"({row['drafting']})")
-    elif pd.notna(row.get("gamma")) and name == "exact":
+    elif pd.notna(row.get("gamma")) and not methods.relaxation_axes(name):
         parts.append(f"γ={_num(row['gamma'])}")
-    for key, sym in (("delta", "δ"), ("lam", "λ"), ("k", "k")):
-        if pd.notna(row.get(key)):
-            parts.append(f"{sym}={_num(row[key])}")
-    if pd.notna(row.get("residual")) and row.get("residual") not in ("bounded",):
-        parts.append(f"[{row['residual']}]")
+    for key in methods.relaxation_axes(name):
+        if key in spec:
+            parts.append(f"{methods.symbol(key)}={_num(spec[key])}")
+    if spec.get("residual", "bounded") != "bounded":
+        parts.append(f"[{spec['residual']}]")
     return " ".join(parts)
 
 
 def shape_key(row) -> tuple:
     """Points that differ only in their relaxation grid (delta / lam, k) share a shape key."""
-    clean = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # noqa: E731
-    return (row["name"], row["drafting"], clean(row.get("gamma")), clean(row.get("tree")), clean(row.get("residual")))
-
-
-def shape_label(key: tuple) -> str:
-    name, drafting, gamma, tree, residual = key
-    text = {"chain": f"chain γ={_num(gamma)}" if gamma is not None else "chain",
-            "static": f"static tree {tree}", "dynamic": "dynamic tree"}.get(drafting, str(drafting))
-    return text + (f", residual={residual}" if residual not in (None, "bounded") else "")
+    return methods.shape_key(methods.from_row(row))
 
 
 def with_shape(df: pd.DataFrame) -> pd.DataFrame:
     """df plus a 'shape' column: the draft shape label that groups points of one relaxation grid."""
-    return df.assign(shape=[shape_label(shape_key(r)) for _, r in df.iterrows()])
+    return df.assign(shape=[methods.shape_label(methods.from_row(r)) for _, r in df.iterrows()])
 
 
 def select_points(df: pd.DataFrame, with_vanilla: bool = True) -> list[str]:
     """Representative points of one mode: AR (+ control), every exact SD, and for each relaxed family the
     weakest and strongest relaxation at its largest k."""
     rows = sorted((r for _, r in df.iterrows()), key=order_key)
-    picked = [r["point"] for r in rows if r["name"] in ("vanilla", "exact") and (with_vanilla or r["name"] != "vanilla")]
+    relaxed = lambda r: bool(methods.relaxation_axes(r["name"]))  # noqa: E731
+    picked = [r["point"] for r in rows if not relaxed(r) and (with_vanilla or methods.needs_drafter(r))]
     groups: dict[tuple, list] = {}
     for r in rows:
-        if r["name"] not in ("vanilla", "exact"):
+        if relaxed(r):
             groups.setdefault(shape_key(r), []).append(r)
     for group in groups.values():
-        top_k = max((r["k"] for r in group if pd.notna(r["k"])), default=None)
+        top_k = max((r["k"] for r in group if pd.notna(r.get("k"))), default=None)
         members = [r for r in group if top_k is None or r["k"] == top_k]
-        strength = "delta" if any(pd.notna(r["delta"]) for r in members) else "lam"
+        strength = next(a for a in methods.relaxation_axes(members[0]["name"]) if a != "k")
         members.sort(key=lambda r: r[strength] if pd.notna(r[strength]) else -1)
         picked += list(dict.fromkeys([members[0]["point"], members[-1]["point"]]))
     return picked

@@ -10,12 +10,14 @@ matplotlib.use("Agg")  # files only; never needs a display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lantern.engine import methods  # noqa: E402
 from lantern.errors import UserError  # noqa: E402
 from lantern.io import atomic_path  # noqa: E402
 
 STYLE_FILE = Path(__file__).with_name("lantern.mplstyle")
 FAMILY_COLORS = {"vanilla": "#555555", "exact": "#0072B2", "lantern": "#D55E00", "lanternpp": "#009E73"}
-OTHER_COLOR = "#CC79A7"
+# families registered later (engine/methods.py) take the rest of the Okabe-Ito palette in registry order
+OTHER_COLORS = ["#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DRAFT_MARKERS = {"none": "*", "chain": "o", "static": "s", "dynamic": "^"}
 FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 
@@ -28,7 +30,10 @@ def use(style: str | Path | None = None) -> None:
 
 
 def color(name: str) -> str:
-    return FAMILY_COLORS.get(name, OTHER_COLOR)
+    if name in FAMILY_COLORS:
+        return FAMILY_COLORS[name]
+    others = [f for f in methods.FAMILIES if f not in FAMILY_COLORS]
+    return OTHER_COLORS[others.index(name) % len(OTHER_COLORS) if name in others else 0]
 
 
 def marker(drafting: str) -> str:

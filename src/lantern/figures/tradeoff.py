@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from lantern.errors import UserError
-from lantern.pipeline.tables import METHOD_LABELS
+from lantern.engine.methods import label
 from lantern.figures.common import fid_label, modes, read_sweep, short_label
 from lantern.figures.style import DRAFT_MARKERS, color, marker
 
@@ -79,7 +79,7 @@ def plot(inputs, p: Params):
             ax.margins(x=0.08, y=0.08)
     present = df[["name", "drafting"]].drop_duplicates()
     handles = [Line2D([], [], color=color(n), marker="*" if n == "vanilla" else "o", markersize=9 if n == "vanilla" else 6,
-                      linestyle="", label=METHOD_LABELS.get(n, n)) for n in dict.fromkeys(present["name"])]
+                      linestyle="", label=label(n)) for n in dict.fromkeys(present["name"])]
     handles += [Line2D([], [], color="grey", marker=DRAFT_MARKERS.get(d, "D"), linestyle="", label=f"{d} drafts")
                 for d in dict.fromkeys(present["drafting"]) if d != "none"]
     handles += [Line2D([], [], color="black", linestyle="--", marker="o", markerfacecolor="none", markersize=9,

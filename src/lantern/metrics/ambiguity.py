@@ -20,7 +20,8 @@ import torch
 from lantern.engine.checkpoint import load_gpt
 from lantern.worlds.toy.data import params_from
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, generate, image_generator, logits_to_probs, mix_cfg
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.io import atomic_path, read_structured, write_json
 from lantern.worlds.toy.train_gpt import load_tokens, validation_loss
 from lantern.worlds.toy.train_vq import set_threads

@@ -16,6 +16,7 @@ COMMANDS = {
     "train-gpt": "lantern.worlds.toy.train_gpt",
     "ambiguity": "lantern.metrics.ambiguity",
     "neighbours": "lantern.engine.neighbours",
+    "methods": "lantern.engine.methods",
     "train-drafter": "lantern.engine.drafter",
     "sample": "lantern.pipeline.sample",
     "encode-images": "lantern.worlds.llamagen.images",

@@ -6,10 +6,6 @@ Every failure is one UserError line naming the key and the fix, raised before an
 from __future__ import annotations
 
 import copy
-import hashlib
-import itertools
-import json
-import math
 import sys
 from pathlib import Path
 
@@ -56,10 +52,6 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
     return UserError(f"config: {where}: {err.message}")
 
 
-def as_list(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
 def codebook_size(cfg: dict) -> int:
     if cfg["world"] == "llamagen":  # read from the file (checked to exist before the methods are)
         from lantern.engine.neighbours import read_codebook
@@ -102,11 +94,6 @@ def drafter_source(cfg: dict) -> str:
     return "file" if lg["drafter_ckpt"] else "authors" if lg["authors_drafter"] else "train"
 
 
-# Which sweep parameters each method reads; any other is an error, since it would sit in the point's name unused.
-APPLIES = {"vanilla": (), "exact": (), "lantern": ("delta", "k"), "lanternpp": ("lam", "k")}
-INTEGER_KEYS = ("gamma", "k")
-
-
 def _check_sweep(cfg: dict) -> None:
     sweep = cfg["sweep"]
     if not sweep["methods"]:
@@ -119,53 +106,14 @@ def _check_sweep(cfg: dict) -> None:
 
 
 def _check_methods(cfg: dict) -> None:
+    """Every method entry through the registry (engine/methods.py), which also refuses two entries naming one point."""
     _check_sweep(cfg)
     max_k = cfg["neighbours"]["max_k"]
     if max_k > codebook_size(cfg) - 1:
         raise UserError(
             f"config: neighbours.max_k = {max_k} exceeds the codebook's {codebook_size(cfg) - 1} other codes; lower it"
         )
-    for i, m in enumerate(cfg["sweep"]["methods"]):
-        where = f"sweep.methods[{i}]"
-        if isinstance(m.get("tree"), list):
-            from lantern.engine.trees import validate_tree_paths
-
-            try:
-                validate_tree_paths(m["tree"])
-            except UserError as e:
-                raise UserError(f"config: {where}.tree: {e}") from None
-        needs = APPLIES[m["name"]]
-        for key in ("delta", "lam", "k"):
-            if key in m and key not in needs:
-                uses = f"uses only {', '.join(needs)}" if needs else "takes none of delta, lam, k"
-                raise UserError(f"config: {where}.{key} does not apply to {m['name']} ({m['name']} {uses}); remove it")
-        for key in needs:
-            if key not in m:
-                raise UserError(f"config: {where} ({m['name']}) needs {key}; add e.g. {key}: [{'0.1' if key == 'delta' else '2' if key == 'lam' else '10'}]")
-        for key, values in ((k, as_list(m[k])) for k in ("gamma", "delta", "lam", "k") if k in m):
-            for v in values:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise UserError(f"config: {where}.{key} = {v!r} must be a number (or a list of numbers)")
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise UserError(f"config: {where}.{key} = {v} must be a finite number")
-                if key in INTEGER_KEYS and not isinstance(v, int):
-                    raise UserError(f"config: {where}.{key} = {v!r} must be an integer; write {int(v) if v == int(v) else round(v)}")
-                if key == "delta" and v < 0:
-                    raise UserError(f"config: {where}.delta = {v} is negative; the TV budget delta must be >= 0")
-                if key == "delta" and v > 1:
-                    raise UserError(f"config: {where}.delta = {v} exceeds 1, the largest total variation; for the "
-                                    "relative bound use name: lanternpp with lam")
-                if key == "lam" and v <= 1:
-                    raise UserError(f"config: {where}.lam = {v} must be > 1 (lam = 1 is exact decoding; use name: exact)")
-                if key == "k" and v < 0:
-                    raise UserError(f"config: {where}.k = {v} must be a non-negative integer")
-                if key == "k" and v > max_k:
-                    raise UserError(
-                        f"config: {where}.k = {v} is larger than neighbours.max_k = {max_k}"
-                        f" (codebook size {codebook_size(cfg)}); lower k or raise neighbours.max_k"
-                    )
-                if key == "gamma" and v < 1:
-                    raise UserError(f"config: {where}.gamma = {v} must be a positive integer")
+    expand_methods(cfg)
 
 
 def _require_file(key: str, value: str) -> None:
@@ -282,19 +230,13 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
 
 def expand_methods(cfg: dict) -> dict[str, dict]:
     """Sweep points as data: name -> method spec, list values of a method expanded into a grid."""
-    points: dict[str, dict] = {}
-    grid_keys = ("gamma", "delta", "lam", "k")
-    for m in cfg["sweep"]["methods"]:
-        if m["name"] == "vanilla":
-            points["vanilla"] = {"name": "vanilla", "seed": cfg["seed"]}
-            points["vanilla-control"] = {"name": "vanilla", "seed": cfg["sweep"]["control_seed"]}
-            continue
-        keys = [k for k in grid_keys if k in m]
-        for values in itertools.product(*(as_list(m[k]) for k in keys)):
-            spec = {**m, **dict(zip(keys, values)), "seed": cfg["seed"]}
-            spec = {k: v for k, v in spec.items() if not (k == "tree" and spec["drafting"] != "static")}
-            points[point_name(spec)] = spec
-    return points
+    from lantern.engine.methods import expand
+
+    try:
+        return expand(cfg["sweep"]["methods"], cfg["seed"], cfg["sweep"]["control_seed"],
+                      {"max_k": cfg["neighbours"]["max_k"]})
+    except UserError as e:
+        raise UserError(f"config: {e}") from None
 
 
 # The noise-free control world: the same shapes, no gradient, texture or pixel noise.
@@ -327,30 +269,6 @@ def evaluate_params(cfg: dict, clip_weights: str) -> dict:
     clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
             "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
     return {"fidelity": fidelity, "clip": clip}
-
-
-def _digest(obj) -> str:
-    """8 hex digits naming a custom value (a tree's rank paths) in a point name."""
-    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:8]
-
-
-def point_name(spec: dict) -> str:
-    parts = [spec["name"], spec.get("drafting", "chain")]
-    if spec.get("drafting", "chain") == "chain":
-        parts.append(f"g{spec['gamma']}")
-    elif spec["drafting"] == "static":
-        tree = spec.get("tree", "naive_extend_57")
-        parts.append(tree if isinstance(tree, str) else f"custom{_digest(tree)}")
-        if spec.get("tree") == "chain":
-            parts.append(f"g{spec['gamma']}")
-    else:
-        parts += [f"{tag}{spec[key]}" for key, tag in (("total_tokens", "n"), ("depth", "depth"), ("top_k", "top")) if key in spec]
-    for key, tag in (("delta", "d"), ("lam", "l"), ("k", "k")):
-        if key in spec:
-            parts.append(f"{tag}{spec[key]}")
-    if spec["name"] in ("lantern", "lanternpp") and spec.get("residual", "bounded") != "bounded":
-        parts.append(spec["residual"])
-    return "-".join(map(str, parts))
 
 
 def merge_config(base: dict, over: dict) -> dict:

@@ -24,8 +24,10 @@ from PIL import Image
 
 from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
+from lantern.engine.methods import build_decoder, needs_drafter, normalize
 from lantern.errors import UserError
-from lantern.engine.generate import SamplingParams, generate, image_generator, image_seed
+from lantern.engine.generate import generate
+from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, read_structured, sha256_file, write_json
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
@@ -71,12 +73,10 @@ class Decoder:
         # spec only when given: upstream files need one, ours carry their args
         self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
         self.reference = self._vanilla
-        if method["name"] == "vanilla":
-            self.run = self._vanilla
+        if needs_drafter(method):
+            self.run = build_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, device)
         else:
-            from lantern.engine.speculative import make_decoder
-
-            self.run = make_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, dtype, device)
+            self.run = self._vanilla
 
     def _vanilla(self, cond: int | torch.Tensor, generator: torch.Generator, cond_mask: torch.Tensor | None = None):
         if isinstance(cond, int):
@@ -204,9 +204,7 @@ def main(argv: list[str]) -> None:
     a = parse_args(argv)
     if not 0 <= a.start < a.end:
         raise UserError(f"need 0 <= --start < --end, got {a.start} and {a.end}")
-    method = read_structured(a.method)
-    if "name" not in method:
-        raise UserError("--method needs a name (vanilla, exact, lantern or lanternpp)")
+    method = normalize(read_structured(a.method), "--method")
     sampling = read_structured(a.sampling)
     try:
         params = SamplingParams(**{**sampling, **(GREEDY if a.mode == "greedy" else {})})

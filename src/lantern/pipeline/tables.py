@@ -22,19 +22,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
-SPEC_COLUMNS = ["name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed"]
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
-LIST_COLUMNS = ["accepted_per_step", "accepted_depth", "tree_depth", "tokens"]
+LIST_COLUMNS = ["accepted_per_step", "tree_depth", "tokens"]
 DEPTH_COLUMNS = ["mode", "point", "name", "drafting", "depth", "steps", "fraction"]
-FAMILY_ORDER = {"vanilla": 0, "exact": 1, "lantern": 2, "lanternpp": 3}
-DRAFTING_ORDER = {"none": 0, "chain": 1, "static": 2, "dynamic": 3}
-METHOD_LABELS = {"vanilla": "AR (vanilla)", "exact": "Exact SD", "lantern": "LANTERN", "lanternpp": "LANTERN++"}
 
 
 @dataclass
@@ -72,18 +69,10 @@ def mode_point(path: Path, depth: int) -> tuple[str, str]:
     return parts[-2 - depth], point
 
 
-def method_spec(method: dict) -> dict:
-    spec = {k: method.get(k) for k in SPEC_COLUMNS}
-    spec["drafting"] = "none" if spec["name"] == "vanilla" else (spec["drafting"] or "chain")
-    if spec["drafting"] != "chain":  # gamma only shapes chain drafts; trees carry their own shape
-        spec["gamma"] = None
-    if spec["drafting"] != "static":
-        spec["tree"] = None
-    if spec["name"] == "lantern" and not spec["residual"]:
-        spec["residual"] = "bounded"
-    if spec["name"] != "lantern":
-        spec["residual"] = None
-    return spec
+def method_spec(method: dict, where: str = "manifest") -> dict:
+    """The method columns of a point: the registry's spec (defaults filled, nothing that does not apply)."""
+    spec = methods.normalize(methods.applicable(method), f"{where} method")
+    return {"drafting": "none", **{k: spec.get(k) for k in methods.spec_columns() if k != "drafting" or k in spec}}
 
 
 def accepted_mask(accepted: np.ndarray, n_tokens: int, where: str = "") -> np.ndarray:
@@ -105,7 +94,7 @@ def accepted_mask(accepted: np.ndarray, n_tokens: int, where: str = "") -> np.nd
 def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
                ) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
     """(sweep row without the vanilla-relative columns, positions rows, depth-histogram rows) of one point."""
-    specs = {json.dumps(method_spec(m["method"]), sort_keys=True) for _, m in shards}
+    specs = {json.dumps(method_spec(m["method"], f"{mode}/{point}"), sort_keys=True) for _, m in shards}
     if len(specs) > 1:
         raise UserError(f"the shards of {mode}/{point} disagree on the method spec: {sorted(specs)}; regenerate them")
     stats = pd.concat([s for s, _ in shards], ignore_index=True)
@@ -141,15 +130,13 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     # share of drafted tokens accepted: meaningful for chains, where every drafter forward drafts one token
     chain = row["drafting"] == "chain" and stats["drafter_forwards"].sum() > 0
     row["draft_acceptance_rate"] = stats["accepted_total"].sum() / stats["drafter_forwards"].sum() if chain else math.nan
-    depth_source = per_step
-    tree_cols = {c: [parse_ints(v) for v in stats[c]] for c in ("accepted_depth", "tree_depth") if c in stats}
-    if any(a.size for a in tree_cols.get("accepted_depth", [])):
-        depth_source = tree_cols["accepted_depth"]
-        depths = np.concatenate(depth_source)
-        row.update(accepted_depth_mean=depths.mean(), accepted_depth_p50=np.percentile(depths, 50),
-                   accepted_depth_p90=np.percentile(depths, 90), accepted_depth_max=depths.max())
-    if any(a.size for a in tree_cols.get("tree_depth", [])):
-        row["tree_depth_mean"] = np.concatenate(tree_cols["tree_depth"]).mean()
+    all_depths = np.concatenate(per_step)  # drafts accepted per verification step: a tree's accepted depth
+    if all_depths.size:
+        row.update(accepted_depth_mean=all_depths.mean(), accepted_depth_p50=np.percentile(all_depths, 50),
+                   accepted_depth_p90=np.percentile(all_depths, 90), accepted_depth_max=all_depths.max())
+    drafted = [parse_ints(v) for v in stats["tree_depth"]] if "tree_depth" in stats else []
+    if any(a.size for a in drafted):
+        row["tree_depth_mean"] = np.concatenate(drafted).mean()
     sampling = manifest.get("sampling", {})
     row.update({k: sampling.get(k) for k in ("cfg_scale", "temperature", "top_k", "top_p")})
     env = manifest.get("environment", {})
@@ -160,7 +147,6 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
                       for i, a in zip(stats["image_index"], per_step)])
     positions = pd.DataFrame({"mode": mode, "point": point, "position": np.arange(n_tokens), "n_tokens": n_tokens,
                               "n_images": len(masks), "accepted_fraction": masks.mean(0)})
-    all_depths = np.concatenate(depth_source)
     depth_rows = None  # plain AR has no verification steps
     if all_depths.size:
         counts = np.bincount(all_depths)
@@ -184,11 +170,15 @@ def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
 
 
 def order_key(row) -> tuple:
-    """Paper order: vanilla, its control, exact SD, LANTERN, LANTERN++, then anything else; grids ascending."""
-    num = lambda v: -1.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # noqa: E731
-    return (row["mode"], FAMILY_ORDER.get(row["name"], 9), row["name"], row["point"] != "vanilla",
-            DRAFTING_ORDER.get(row["drafting"], 9), num(row.get("gamma")), str(row.get("tree")),
-            num(row.get("delta")), num(row.get("lam")), num(row.get("k")), str(row.get("residual")), row["point"])
+    """Paper order: registry order of families (vanilla, its control, exact SD, LANTERN, LANTERN++, ...) and of
+    drafting kinds, then every parameter ascending."""
+    def value(v):
+        missing = v is None or (isinstance(v, float) and math.isnan(v))
+        return (0, -1.0, "") if missing else (1, float(v), "") if isinstance(v, (int, float)) else (2, 0.0, str(v))
+
+    family, drafting = methods.order({"name": row["name"], "drafting": row.get("drafting")})
+    params = tuple(value(row.get(c)) for c in methods.spec_columns()[2:-1])
+    return (row["mode"], family, row["name"], row["point"] != "vanilla", drafting, params, row["point"])
 
 
 def sweep_table(shard_dirs: list[Path], metric_files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -241,20 +231,11 @@ def setting(row) -> str:
     """Short human description of a point's hyperparameters, e.g. 'chain γ=4, δ=0.2, k=50'."""
     if row["name"] == "vanilla":
         return f"seed {row['seed']}" + ("" if row["point"] == "vanilla" else " (control)")
-    shape = {"chain": f"chain γ={int(row['gamma'])}" if pd.notna(row.get("gamma")) else "chain",
-             "static": f"static tree {row.get('tree')}", "dynamic": "dynamic tree"}.get(row["drafting"], row["drafting"])
-    parts = [shape]
-    for key, sym in (("delta", "δ"), ("lam", "λ"), ("k", "k")):
-        if pd.notna(row.get(key)):
-            v = row[key]
-            parts.append(f"{sym}={int(v) if float(v).is_integer() and key == 'k' else v:g}")
-    if row["name"] == "lantern" and row.get("residual") not in (None, "bounded") and pd.notna(row.get("residual")):
-        parts.append(f"residual={row['residual']}")
-    return ", ".join(parts)
+    return methods.setting(methods.from_row(row))
 
 
 def method_label(row) -> str:
-    return METHOD_LABELS.get(row["name"], str(row["name"]))
+    return methods.label(row["name"])
 
 
 def _fmt(value, digits: int, suffix: str = "", significant: bool = False) -> str:

@@ -1,0 +1,79 @@
+"""Timing and per-image statistics, one path for every decoder, so speed-ups never come from different plumbing."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+class StepTimer:
+    """Wall-clock per section; CUDA work is synchronised at section boundaries so time lands where it is spent."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = {}
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def section(self, name: str):
+        self._sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+@dataclass
+class ImageStats:
+    """Per-image decoding statistics. tau = tokens / target forwards: mean accepted length, bonus token counted.
+    Per verification round: accepted_per_step = drafts accepted (the accepted depth of a tree), tree_depth = the
+    deepest drafted node (a chain's drafted length)."""
+
+    n_tokens: int
+    target_forwards: int
+    drafter_forwards: int = 0
+    accepted_total: int = 0  # drafted tokens accepted over the whole image
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_other_s: float = 0.0
+    peak_mem_bytes: float = math.nan
+    batch_size: int = 1
+    accepted_per_step: list[int] = field(default_factory=list)
+    tree_depth: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return self.n_tokens / self.target_forwards
+
+    @property
+    def time_total_s(self) -> float:
+        return self.time_draft_s + self.time_verify_s + self.time_other_s
+
+    def row(self) -> dict:
+        d = asdict(self)
+        for key in ("accepted_per_step", "tree_depth"):
+            d[key] = " ".join(map(str, d[key]))
+        d.update(tau=self.tau, time_total_s=self.time_total_s, steps=len(self.accepted_per_step) or self.target_forwards)
+        return d
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> float:
+    return float(torch.cuda.max_memory_allocated(device)) if torch.device(device).type == "cuda" else math.nan
