@@ -36,8 +36,8 @@ GPU_RULES = ("generate", "train_drafter", "evaluate")
 LOCAL_RULES = ("tables", "figure", "figure_samples", "figure_ambiguity")
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
 RULE_LINE = re.compile(r"^(local)?rule (\w+):$", re.M)
-# A guard against a hung cluster, not a speed check: the smoke DAG takes ~6.5 min here when idle, far longer when
-# the machine is busy, and progressing work must never fail for being slow.
+# A guard against a hang (every subprocess here uses it), not a speed check: the smoke DAG takes ~6.5 min here when
+# idle, far longer when the machine is busy, and progressing work must never fail for being slow.
 RUN_TIMEOUT = 3600
 
 
@@ -122,7 +122,7 @@ def test_option_typo_fails_snakemake(tmp_path):
     (tmp_path / "config.yaml").write_text(text.replace("slurm-status-command:", "slurm-status-comand:"))
     r = subprocess.run(snakemake_cmd("--profile", str(tmp_path), "-n", *WORKFLOWS["mini"],
                                      "--directory", str(tmp_path / "wd")),
-                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert r.returncode != 0 and "unrecognized arguments: --slurm-status-comand" in r.stderr
 
 
@@ -137,29 +137,35 @@ def gpu_env(tmp_path: Path, pool: str) -> dict[str, str]:
 
 def test_gpu_run_gives_free_devices_and_waits(tmp_path):
     e = gpu_env(tmp_path, "0,1")
-    hold = [sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; sleep 3"]
+    release = tmp_path / "release"
+    # holders keep their device until the test says so: no sleep that a slow machine could outlast
+    hold = [sys.executable, str(GPU_RUN), "sh", "-c",
+            f"echo $CUDA_VISIBLE_DEVICES; while [ ! -e {release} ]; do sleep 0.05; done"]
     first = subprocess.Popen(hold, env=e, stdout=subprocess.PIPE, text=True)
     second = subprocess.Popen(hold, env=e, stdout=subprocess.PIPE, text=True)
+    third = None
     try:
         got = {first.stdout.readline().strip(), second.stdout.readline().strip()}
         assert got == {"0", "1"}
-        t0 = time.monotonic()
-        third = subprocess.run([sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
-                               env=e, capture_output=True, text=True, timeout=30)
-        # Both devices were held for ~3 s: the third job waited for one of them.
-        assert third.stdout.strip() in {"0", "1"} and time.monotonic() - t0 > 1
-        assert "busy, waiting" in third.stderr
+        third = subprocess.Popen([sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
+                                 env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert "busy, waiting" in third.stderr.readline()  # both devices are held: it waits
+        release.touch()
+        out, _ = third.communicate(timeout=RUN_TIMEOUT)
+        assert out.strip() in {"0", "1"} and third.returncode == 0
     finally:
-        first.wait(timeout=30)
-        second.wait(timeout=30)
+        release.touch()
+        for p in (first, second, third):
+            if p is not None:
+                p.wait(timeout=RUN_TIMEOUT)
 
 
 def test_gpu_run_passes_through_without_pool_or_under_slurm(tmp_path):
     echo = [sys.executable, str(GPU_RUN), "sh", "-c", "echo ${CUDA_VISIBLE_DEVICES-unset}"]
-    r = subprocess.run(echo, env=gpu_env(tmp_path, ""), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(echo, env=gpu_env(tmp_path, ""), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert r.stdout.strip() == "unset"  # empty pool = CPU machine: CUDA_VISIBLE_DEVICES untouched
     r = subprocess.run(echo, env=dict(gpu_env(tmp_path, "0,1"), SLURM_JOB_ID="7", CUDA_VISIBLE_DEVICES="3"),
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert r.stdout.strip() == "3"  # SLURM's assignment stands
 
 
@@ -177,7 +183,7 @@ def test_local_gpu_profile_spreads_jobs_over_devices(tmp_path):
     wd = tmp_path / "wd"
     cmd = snakemake_cmd("--profile", str(LOCAL_GPU_PROFILE), "--cores", "2", "--resources", "gpu=2",
                         *WORKFLOWS["mini"], "--directory", str(wd))
-    r = subprocess.run(cmd, cwd=REPO, env=gpu_env(tmp_path, "0,1"), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, cwd=REPO, env=gpu_env(tmp_path, "0,1"), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     held = hold_intervals(wd)
     assert len(held) == 5 and {dev for _, _, dev in held} == {"0", "1"}

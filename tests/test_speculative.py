@@ -10,7 +10,7 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.speculative import generate as spec_generate
 from lantern.engine.chain import Chain
-from lantern.engine.methods import build_decoder, normalize, rule
+from lantern.engine import methods
 from lantern.engine.speculative import speculative_decode
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
@@ -139,10 +139,10 @@ def test_relaxed_rule_needs_a_table(trained):
 
 
 def test_rules_from_the_registry():
-    assert rule(normalize({"name": "exact", "gamma": 4})) == AcceptRule()
-    assert rule(normalize({"name": "lantern", "delta": 0.2, "k": 10, "residual": "reference"})) == \
+    assert methods.rule(methods.normalize({"name": "exact", "gamma": 4})) == AcceptRule()
+    assert methods.rule(methods.normalize({"name": "lantern", "delta": 0.2, "k": 10, "residual": "reference"})) == \
         AcceptRule("lantern", delta=0.2, k=10, residual="reference")
-    assert rule(normalize({"name": "lanternpp", "lam": 5, "k": 3})) == AcceptRule("lanternpp", lam=5.0, k=3)
+    assert methods.rule(methods.normalize({"name": "lanternpp", "lam": 5, "k": 3})) == AcceptRule("lanternpp", lam=5.0, k=3)
 
 
 def test_build_decoder(tmp_path, trained):
@@ -157,14 +157,14 @@ def test_build_decoder(tmp_path, trained):
                  vq_path=str(tmp_path / "vq.pt"), device=torch.device("cpu"))
     params = SamplingParams(cfg_scale=2.0)
     method = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 10, "residual": "reference"}
-    run = build_decoder(method, params, target, **paths)
+    run = methods.build_decoder(method, params, target, **paths)
     tokens, stats = run(2, image_generator(0, 0))
     assert tokens.shape == (16,) and stats.n_tokens == 16 and len(stats.tree_depth) == len(stats.accepted_per_step)
     with pytest.raises(UserError, match="drafting = 'zigzag' is not allowed"):
-        build_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
+        methods.build_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
     with pytest.raises(UserError, match="gamma = 0 must be >= 1"):
-        build_decoder({**method, "gamma": 0}, params, target, **paths)
+        methods.build_decoder({**method, "gamma": 0}, params, target, **paths)
     with pytest.raises(UserError, match="drafter"):
-        build_decoder(method, params, target, **{**paths, "drafter_path": None})
+        methods.build_decoder(method, params, target, **{**paths, "drafter_path": None})
     with pytest.raises(UserError, match="stores k=15"):
-        build_decoder({**method, "k": 15}, params, target, **paths)  # the reference residual reads k + 1
+        methods.build_decoder({**method, "k": 15}, params, target, **paths)  # the reference residual reads k + 1

@@ -47,12 +47,31 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
         tmp.write_bytes(buf.getvalue())
 
 
+def load_torch(path: str | os.PathLike, what: str, maker: str = "", mmap: bool = False) -> dict:
+    """The one reader of user-given torch files: a missing, unreadable or foreign file (a text file named .pt, a
+    pickle of arbitrary objects, a truncated archive, a list instead of a mapping) is one UserError line."""
+    import torch
+
+    path = Path(path)
+    fix = f"; make it with `{maker}`" if maker else "; check the path"
+    if not path.is_file():
+        raise UserError(f"{what} {path} does not exist{fix}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - whatever torch or pickle raises, the user's answer is the same
+        detail = (str(e).strip().split(". ")[0].splitlines() or [type(e).__name__])[0][:120]
+        raise UserError(f"{what} {path} is unreadable: not a torch file of tensors, or truncated ({detail})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{what} {path} holds a {type(obj).__name__}, not a mapping of tensors{fix}")
+    return obj
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_structured(text_or_path: str | None) -> dict:
+def read_structured(text_or_path: str | None, flag: str = "--params") -> dict:
     """Parse a JSON/YAML mapping given inline or as a file path (used for --params arguments)."""
     if not text_or_path:
         return {}
@@ -63,11 +82,13 @@ def read_structured(text_or_path: str | None) -> dict:
     try:
         obj = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise UserError(f"--params is neither an existing file nor valid JSON/YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1}: {getattr(e, 'problem', '')})" if mark else ""
+        raise UserError(f"{flag} {text_or_path[:60]!r} is neither an existing file nor valid JSON/YAML{where}") from None
     if obj is None:
         return {}
     if not isinstance(obj, dict):
-        raise UserError(f"--params must be a mapping of names to values, got {type(obj).__name__}")
+        raise UserError(f"{flag} must be a mapping of names to values, got {type(obj).__name__}")
     return obj
 
 

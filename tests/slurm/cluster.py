@@ -130,6 +130,10 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
     return conf
 
 
+# daemons start in seconds when idle; the bound only catches one that never comes up (a busy machine is slow)
+DAEMON_START_S = 600
+
+
 def _wait(what: str, ok, timeout: float, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -195,13 +199,13 @@ def start(root: Path) -> Cluster:
         _spawn(c, "munged", ["munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
                              f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/munged.seed",
                              f"--log-file={c.log('munged')}"])
-        _wait("munged", lambda: _quiet_ok(["sh", "-c", f"munge -n -S {sock} | unmunge -S {sock}"]), 20,
+        _wait("munged", lambda: _quiet_ok(["sh", "-c", f"munge -n -S {sock} | unmunge -S {sock}"]), DAEMON_START_S,
               [c.log("munged"), c.log("munged.stdout")])
         _spawn(c, "slurmctld", ["slurmctld", "-D", "-i"])
-        _wait("slurmctld", lambda: _quiet_ok(["scontrol", "ping"]), 30,
+        _wait("slurmctld", lambda: _quiet_ok(["scontrol", "ping"]), DAEMON_START_S,
               [c.log("slurmctld"), c.log("slurmctld.stdout")])
         _spawn(c, "slurmd", ["slurmd", "-D"])
-        _wait("slurmd (node idle)", lambda: _node_state() == "idle", 30,
+        _wait("slurmd (node idle)", lambda: _node_state() == "idle", DAEMON_START_S,
               [c.log("slurmd"), c.log("slurmd.stdout"), c.log("slurmctld")])
     except BaseException:
         stop(c)

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from lantern.errors import UserError
-from lantern.io import save_torch
+from lantern.io import load_torch, save_torch
 from lantern.engine.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
 
 CONTAINERS = ("model", "module", "state_dict")
@@ -44,17 +41,7 @@ def parse_device(name: str) -> torch.device:
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; check the path in your config or build it first")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"checkpoint {path} is unreadable (truncated or not a torch file): {first}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"checkpoint {path} holds a {type(obj).__name__}, not a state dict or a container of one")
-    return obj
+    return load_torch(path, "checkpoint")
 
 
 def extract_state_dict(obj: dict, path: str | os.PathLike = "<checkpoint>") -> dict[str, torch.Tensor]:

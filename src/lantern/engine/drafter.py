@@ -30,7 +30,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.io import read_structured, save_torch
+from lantern.io import load_torch, read_structured, save_torch
 from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
 FORMAT = "lantern-drafter-v1"
@@ -414,15 +414,7 @@ class CaptionRows:
 
 
 def _load(path: Path, flag: str, maker: str) -> dict:
-    if not path.is_file():
-        raise UserError(f"{flag} {path} does not exist; make it with `{maker}`")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise UserError(f"{flag} {path} is unreadable (truncated or not a torch file): {type(e).__name__}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{flag} {path} is not a `{maker}` file")
-    return obj
+    return load_torch(path, flag, maker)
 
 
 def read_caption_features(paths: list[str], target: GPT) -> tuple[dict[str, int], CaptionRows, Tensor]:
@@ -546,7 +538,7 @@ def main(argv: list[str]) -> None:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:
         torch.set_num_threads(params.threads)
-    spec = {"spec": read_structured(a.target_spec)} if a.target_spec else {}
+    spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(parse_device(a.device)))
     captions = None
     if a.caption_features:

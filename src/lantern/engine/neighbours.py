@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.errors import UserError
-from lantern.io import read_structured, save_torch
+from lantern.io import load_torch, read_structured, save_torch
 
 CODEBOOK_KEY = "quantize.embedding.weight"
 FORMAT = "lantern-neighbours-v1"
@@ -129,14 +129,8 @@ def build_table(codebook: Tensor, params: NeighbourParams, source: str = "") -> 
 def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | None = None) -> Tensor:
     """The first k columns of a stored table [N, k], in its compact index dtype (int16 / int32: index with
     `.long()` rows, as acceptance.py does), after checking it belongs to `codebook`."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"neighbour table {path} does not exist; build it with `lantern neighbours`")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise UserError(f"neighbour table {path} is unreadable: {str(e).splitlines()[0] if str(e) else e}") from None
-    if not isinstance(obj, dict) or obj.get("meta", {}).get("format") != FORMAT:
+    obj = load_torch(path, "neighbour table", "lantern neighbours")
+    if not isinstance(obj.get("meta"), dict) or obj["meta"].get("format") != FORMAT:
         raise UserError(f"{path} is not a neighbour table written by `lantern neighbours`")
     meta, table = obj["meta"], obj["neighbours"]
     if meta["codebook_sha256"] != codebook_sha256(codebook):

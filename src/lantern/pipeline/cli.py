@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -31,6 +32,11 @@ COMMANDS = {
 }
 
 
+def _one_line(parser: argparse.ArgumentParser, message: str):
+    # argparse prints its usage block and exits; every user error of the CLI is one line instead
+    raise UserError(f"{parser.prog}: {message}; see {parser.prog} --help")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -40,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; choose one of: {', '.join(sorted(COMMANDS))}", file=sys.stderr)
         return 2
+    argparse.ArgumentParser.error = _one_line
     try:
         importlib.import_module(COMMANDS[name]).main(rest)
     except UserError as e:

@@ -46,7 +46,9 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
     if err.validator == "enum":
         return UserError(f"config: {where} = {err.instance!r} is not allowed; use one of {', '.join(map(str, err.validator_value))}")
     if err.validator == "type":
-        return UserError(f"config: {where} = {err.instance!r} has the wrong type; it must be a {err.validator_value}")
+        kind = str(err.validator_value)
+        article = "an" if kind[0] in "aeiou" else "a"
+        return UserError(f"config: {where} = {err.instance!r} has the wrong type; it must be {article} {kind}")
     if err.validator == "required":
         return UserError(f"config: {where} is missing {err.message.split()[0]}; add it")
     return UserError(f"config: {where}: {err.message}")
@@ -282,11 +284,14 @@ def merge_config(base: dict, over: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`lantern check-config FILE [FILE ...]`: validate config files (later files override earlier ones)."""
-    if not argv:
-        raise UserError("usage: lantern check-config config/config.yaml [override.yaml ...]")
+    """`lantern check-config FILE [FILE ...] [--config KEY=VALUE ...]`: validate config files (later files override
+    earlier ones) and command-line overrides, merged as Snakemake merges --configfile and --config."""
+    files, overrides = (argv[: argv.index("--config")], argv[argv.index("--config") + 1 :]) if "--config" in argv \
+        else (argv, [])
+    if not files:
+        raise UserError("usage: lantern check-config config/config.yaml [override.yaml ...] [--config key=value ...]")
     merged: dict = {}
-    for path in argv:
+    for path in files:
         if not Path(path).is_file():
             raise UserError(f"config file {path} does not exist")
         try:
@@ -298,5 +303,12 @@ def main(argv: list[str]) -> None:
         if not isinstance(loaded, dict):
             raise UserError(f"config file {path} holds a {type(loaded).__name__}; a config is a mapping of keys")
         merge_config(merged, loaded)
+    if overrides:
+        from snakemake.cli import parse_config  # Snakemake's own parser: values typed exactly as a run sees them
+
+        try:
+            merge_config(merged, parse_config(overrides))
+        except ValueError as e:
+            raise UserError(f"--config {' '.join(overrides)}: {e}") from None
     cfg = validate_config(merged)
     print(f"config OK: {len(expand_methods(cfg))} sweep points x {len(cfg['sweep']['modes'])} modes", file=sys.stdout)

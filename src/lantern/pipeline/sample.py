@@ -139,9 +139,10 @@ def job_identity(a) -> dict:
     files = {k: (str(Path(v).resolve()), Path(v).stat().st_mtime_ns) if v else None
              for k, v in (("target", a.target), ("vq", a.vq), ("drafter", a.drafter), ("neighbours", a.neighbours),
                           ("captions", a.captions))}
-    return {"method": read_structured(a.method), "sampling": read_structured(a.sampling), "mode": a.mode,
+    return {"method": read_structured(a.method, "--method"), "sampling": read_structured(a.sampling, "--sampling"),
+            "mode": a.mode,
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
-            "target_spec": read_structured(a.target_spec), "in_job_vanilla": a.in_job_vanilla}
+            "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -204,8 +205,8 @@ def main(argv: list[str]) -> None:
     a = parse_args(argv)
     if not 0 <= a.start < a.end:
         raise UserError(f"need 0 <= --start < --end, got {a.start} and {a.end}")
-    method = normalize(read_structured(a.method), "--method")
-    sampling = read_structured(a.sampling)
+    method = normalize(read_structured(a.method, "--method"), "--method")
+    sampling = read_structured(a.sampling, "--sampling")
     try:
         params = SamplingParams(**{**sampling, **(GREEDY if a.mode == "greedy" else {})})
     except TypeError as e:
@@ -216,7 +217,7 @@ def main(argv: list[str]) -> None:
     for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
         if path and not Path(path).is_file():
             raise UserError(f"{what} {path} does not exist")
-    spec = read_structured(a.target_spec)
+    spec = read_structured(a.target_spec, "--target-spec")
 
     from lantern.engine.vq import load_vq
 

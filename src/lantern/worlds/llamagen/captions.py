@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import html
-import pickle
 import re
 import urllib.parse
-import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from torch import Tensor
 
 from lantern.engine.checkpoint import parse_device, parse_dtype
 from lantern.errors import UserError
-from lantern.io import save_torch
+from lantern.io import load_torch, save_torch
 from lantern.worlds.llamagen.prompts import read_prompts
 
 FORMAT = "lantern-captions-v1"
@@ -203,14 +201,8 @@ def read_captions_file(path: str | Path, flag: str = "--captions", mmap: bool = 
     mmap: leave the features on disk (drafter training reads 100k captions' features a batch at a time)."""
     path = Path(path)
     where = f"{flag} {path}"
-    if not path.is_file():
-        raise UserError(f"{where} does not exist; write it with `lantern encode-captions`")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{where} is unreadable (truncated or not a torch file): {first}") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+    obj = load_torch(path, flag, "lantern encode-captions", mmap=mmap)
+    if obj.get("format") != FORMAT:
         raise UserError(f"{where} is not a {FORMAT} file; write it with `lantern encode-captions`")
     missing = [k for k in KEYS if k not in obj]
     if missing:

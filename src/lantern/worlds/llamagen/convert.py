@@ -228,7 +228,7 @@ def main(argv: list[str]) -> None:
         from lantern.engine.checkpoint import parse_spec, target_args
 
         sd = target_state_dict(hf)
-        stated = {**config_spec(config, sd), **read_structured(a.target_spec)}  # the user's spec has the last word
+        stated = {**config_spec(config, sd), **read_structured(a.target_spec, "--target-spec")}  # the user's spec has the last word
         args = target_args({}, sd, parse_spec(stated), a.src)
         check_target(sd, args)
         save_torch({"model": sd}, a.out)
@@ -238,7 +238,7 @@ def main(argv: list[str]) -> None:
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import save_drafter
 
-    spec = {"spec": read_structured(a.target_spec)} if a.target_spec else {}
+    spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     target = load_gpt(a.target, **spec)
     drafter = convert_drafter(hf, config, target)
     save_drafter(a.out, drafter, converted_from=str(a.src), target=str(a.target))

@@ -13,14 +13,13 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lantern.errors import UserError
-from lantern.io import read_structured, save_torch
+from lantern.io import load_torch, read_structured, save_torch
 
 CLASS_NAMES = (
     "circle", "ellipse", "triangle", "square", "pentagon", "hexagon", "star", "cross",
@@ -210,13 +209,8 @@ def make_dataset(n: int, seed: int, params: DataParams | None = None, start: int
 
 def load_data(path, what: str = "data file") -> dict:
     """Read a `lantern make-data` file, with a clear error when it is missing or something else."""
-    if not Path(path).is_file():
-        raise UserError(f"{what} {path} does not exist; make it with `lantern make-data`")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise UserError(f"{what} {path} is unreadable (truncated or not a torch file): {type(e).__name__}") from None
-    if not isinstance(obj, dict) or not {"images", "labels", "captions"} <= set(obj):
+    obj = load_torch(path, what, "lantern make-data")
+    if not {"images", "labels", "captions"} <= set(obj):
         raise UserError(f"{what} {path} is not a `lantern make-data` file (needs images, labels, captions)")
     return obj
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from lantern.engine.checkpoint import save_checkpoint
 from lantern.worlds.toy.data import params_from
 from lantern.errors import UserError
-from lantern.io import read_structured, write_json
+from lantern.io import load_torch, read_structured, write_json
 from lantern.engine.model import GPT, ModelArgs, num_params
 from lantern.worlds.toy.train_vq import cosine_lr, set_threads, sidecar
 
@@ -63,10 +63,8 @@ class GPTParams:
 
 def load_tokens(path: str | Path, what: str) -> dict:
     """Read a `lantern tokenize` file: tokens [n, N], labels [n], codebook_size."""
-    if not Path(path).is_file():
-        raise UserError(f"{what} {path} does not exist; make it with `lantern tokenize`")
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(obj, dict) or not {"tokens", "labels", "codebook_size"} <= set(obj):
+    obj = load_torch(path, what, "lantern tokenize")
+    if not {"tokens", "labels", "codebook_size"} <= set(obj):
         raise UserError(f"{what} {path} is not a `lantern tokenize` file (needs tokens, labels, codebook_size)")
     return obj
 
