@@ -126,7 +126,7 @@ def test_read_codebook_from_upstream_and_legacy_files(tmp_path):
         with pytest.raises(UserError, match=needle):
             read_codebook(tmp_path / name)
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
-    with pytest.raises(UserError, match="not a state dict"):
+    with pytest.raises(UserError, match="not a mapping of tensors"):
         read_codebook(tmp_path / "tensor.pt")
 
 

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from lantern import ambiguity, data, train_gpt, train_vq, vq
+from lantern.engine import vq
+from lantern.metrics import ambiguity
+from lantern.worlds.toy import data, train_gpt, train_vq
 from lantern.engine.checkpoint import load_gpt, read_checkpoint
 from lantern.errors import UserError
 from lantern.worlds.toy.train_vq import cosine_lr

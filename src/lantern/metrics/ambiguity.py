@@ -115,7 +115,7 @@ def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | Non
     stats = {"target_params": sum(p.numel() for p in model.parameters()), "heldout_images": len(heldout["tokens"]),
              "target_val_loss": validation_loss(model, heldout["tokens"], heldout["labels"], batch)}
     if val_images:
-        from lantern import train_vq
+        from lantern.worlds.toy import train_vq
         from lantern.worlds.toy.data import load_data
         from lantern.engine.vq import load_vq
 
