@@ -19,7 +19,7 @@ def lantern_method(**kw):
 @pytest.mark.parametrize("cfg, message", [
     ({"sedd": 1}, r"unknown key sedd; allowed keys there: .*seed"),
     ({"sweep": {"bogus": 1}}, r"unknown key sweep\.bogus"),
-    ({"seed": "zero"}, r"seed = 'zero' has the wrong type; it must be a integer"),
+    ({"seed": "zero"}, r"seed = 'zero' has the wrong type; it must be an integer"),
     ({"sampling": {"top_p": 1.5}}, r"sampling\.top_p"),
     (lantern_method(delta=[-0.1]), r"sweep\.methods\[0\]\.delta = -0\.1 must be >= 0"),
     (lantern_method(k=[10_000]), r"k = 10000 is larger than neighbours\.max_k"),

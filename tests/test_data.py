@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from lantern.worlds.toy.data import CLASS_NAMES, COLOUR_NAMES, DataParams, main, make_dataset, params_from
+from lantern.params import params_from
+from lantern.worlds.toy.data import CLASS_NAMES, COLOUR_NAMES, DataParams, main, make_dataset
 from lantern.errors import UserError
 
 CLEAN = DataParams(background_gradient=False, texture_amplitude=0.0, noise_sigma=0.0)
@@ -64,7 +65,7 @@ def test_class_balance():
 
 def test_bad_params_are_user_errors():
     with pytest.raises(UserError, match="nosie_sigma"):
-        params_from({"nosie_sigma": 0.1})
+        params_from({"nosie_sigma": 0.1}, DataParams)
     with pytest.raises(UserError):
         DataParams(num_classes=17)
     with pytest.raises(UserError):

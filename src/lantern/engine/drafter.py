@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
+from lantern.params import params_from
 from lantern.io import load_torch, read_structured, save_torch
 from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
@@ -512,14 +513,6 @@ def _take(cond, rows: Tensor):
 
 
 # -- CLI ----------------------------------------------------------------------------------------------------------
-def params_from(mapping: dict) -> DrafterParams:
-    names = {f.name for f in dataclasses.fields(DrafterParams)}
-    unknown = sorted(set(mapping) - names)
-    if unknown:
-        raise UserError(f"unknown train-drafter --params key(s) {unknown}; valid keys: {sorted(names)}")
-    return DrafterParams(**mapping)
-
-
 def main(argv: list[str]) -> None:
     from lantern.engine.checkpoint import load_gpt, parse_device
 
@@ -533,7 +526,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter trains in fp32")
     a = ap.parse_args(argv)
-    params = params_from(read_structured(a.params))
+    params = params_from(read_structured(a.params), DrafterParams)
     if params.data != "self" and not a.tokens:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:

@@ -16,7 +16,6 @@ checksum; `load_neighbours` refuses a table built for another codebook.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import resource
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.errors import UserError
+from lantern.params import params_from
 from lantern.io import load_torch, read_structured, save_torch
 
 CODEBOOK_KEY = "quantize.embedding.weight"
@@ -147,21 +147,13 @@ def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | No
     return table[:, :k].clone()  # a copy, so the unused columns are freed
 
 
-def params_from(mapping: dict) -> NeighbourParams:
-    names = {f.name for f in dataclasses.fields(NeighbourParams)}
-    unknown = sorted(set(mapping) - names)
-    if unknown:
-        raise UserError(f"unknown neighbours --params key(s) {unknown}; valid keys: {sorted(names)}")
-    return NeighbourParams(**mapping)
-
-
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="lantern neighbours", description=__doc__)
     ap.add_argument("--vq", required=True, help="VQ checkpoint holding quantize.embedding.weight")
     ap.add_argument("--out", required=True, help="output table (.pt)")
     ap.add_argument("--params", default=None, help="NeighbourParams: metric (l2|cosine), k, chunk (JSON/YAML or file)")
     a = ap.parse_args(argv)
-    params = params_from(read_structured(a.params))
+    params = params_from(read_structured(a.params), NeighbourParams)
     codebook = read_codebook(a.vq)
     if params.k > codebook.shape[0] - 1:
         raise UserError(f"neighbours k={params.k} exceeds the {codebook.shape[0] - 1} other codes of {a.vq}; lower k")

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from lantern.engine.checkpoint import load_gpt
-from lantern.worlds.toy.data import params_from
+from lantern.params import params_from
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg

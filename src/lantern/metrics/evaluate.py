@@ -25,7 +25,7 @@ from lantern.metrics.captions import Captions, read_captions
 from lantern.metrics.clip import ClipScoreParams, Preprocess, clip_cosines, clip_score, load_clip, weights_format
 from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
 from lantern.metrics.images import ImageSet
-from lantern.metrics.params import params_from
+from lantern.params import params_from
 from lantern.metrics.reference import FidStatistics, load_reference
 from lantern.metrics.speed import read_stats, summarize
 

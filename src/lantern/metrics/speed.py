@@ -18,7 +18,7 @@ import pandas as pd
 
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured
-from lantern.metrics.params import params_from
+from lantern.params import params_from
 
 REQUIRED = ("method", "time_total_s")
 IN_JOB_REFERENCE = "vanilla_time_total_s"

@@ -27,7 +27,7 @@ from lantern.worlds.toy.data import load_data, to_unit
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured, save_torch, write_json
 from lantern.metrics.clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
-from lantern.metrics.params import params_from
+from lantern.params import params_from
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import UserError
+from lantern.params import params_from
 from lantern.io import load_torch, read_structured, save_torch
 
 CLASS_NAMES = (
@@ -61,15 +62,6 @@ class DataParams:
             raise UserError(f"data sizes need 0 < min_size <= max_size <= 0.5, got {self.min_size}, {self.max_size}")
         if self.texture_amplitude < 0 or self.noise_sigma < 0 or self.colour_jitter < 0:
             raise UserError("data texture_amplitude, noise_sigma and colour_jitter must be >= 0")
-
-
-def params_from(mapping: dict, cls=DataParams):
-    """Build a hyperparameter dataclass from a --params mapping; unknown keys are a UserError naming them."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(mapping) - names)
-    if unknown:
-        raise UserError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {sorted(names)}")
-    return cls(**mapping)
 
 
 def _draw(seed: int, index: int, params: DataParams) -> tuple[np.ndarray, np.ndarray]:
@@ -228,7 +220,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--start", type=int, default=0, help="index of the first image (held-out splits use an offset)")
     ap.add_argument("--params", default=None, help="DataParams as inline JSON/YAML or a file path")
     args = ap.parse_args(argv)
-    params = params_from(read_structured(args.params))
+    params = params_from(read_structured(args.params), DataParams)
     if args.n <= 0:
         raise UserError(f"--n must be positive, got {args.n}")
     data = make_dataset(args.n, args.seed, params, start=args.start)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lantern.engine.checkpoint import save_checkpoint
-from lantern.worlds.toy.data import params_from
+from lantern.params import params_from
 from lantern.errors import UserError
 from lantern.io import load_torch, read_structured, write_json
 from lantern.engine.model import GPT, ModelArgs, num_params

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lantern.engine.checkpoint import save_checkpoint
-from lantern.worlds.toy.data import load_data, params_from, to_unit
+from lantern.params import params_from
+from lantern.worlds.toy.data import load_data, to_unit
 from lantern.errors import UserError
 from lantern.io import read_structured, write_json
 from lantern.engine.vq import VQArgs, VQModel
