@@ -1,6 +1,5 @@
 """The method registry: one owner for parameters, point names, labels and decoders; a new rule is one spec + one
 function, run here through config validation, a sweep point, `lantern sample` and `lantern tables`."""
-import dataclasses
 import json
 
 import pandas as pd
@@ -9,17 +8,14 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule, relaxed_mass
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.drafter import Drafter, save_drafter
 from lantern.engine.methods import K, RESIDUAL, Family, Param
 from lantern.engine.neighbours import main as neighbours
-from lantern.engine.vq import VQArgs, VQModel
 from lantern.errors import UserError
 from lantern.pipeline.cli import main as cli
 from lantern.pipeline.config import expand_methods, validate_config
 from lantern.pipeline.sample import main as sample
 from lantern.pipeline.tables import main as tables
-from tiny import one_thread, tiny_target  # noqa: F401 - fixture
+from tiny import one_thread, save_world, tiny_target  # noqa: F401 - fixture
 
 DEFAULT_POINTS = [
     "vanilla", "vanilla-control", "exact-chain-g4", "exact-dynamic", "lantern-chain-g4-d0.05-k5",
@@ -118,13 +114,7 @@ def test_a_registered_family_builds_its_own_relaxed_rule(half_registered):
 @pytest.fixture(scope="module")
 def c2i_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("c2i")
-    target = tiny_target()
-    save_checkpoint(root / "target.pt", target, args=target.args.to_dict())
-    save_drafter(root / "drafter.pt", Drafter.from_target(target))
-    vq_args = VQArgs(codebook_size=16, codebook_embed_dim=4, ch=8, ch_mult=(1, 1), z_channels=8, enc_res_blocks=1,
-                     dec_res_blocks=1, norm_groups=4)
-    torch.manual_seed(0)
-    save_checkpoint(root / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
+    save_world(root, tiny_target())
     neighbours(["--vq", str(root / "vq.pt"), "--out", str(root / "nb.pt"), "--params", '{"k": 8}'])
     return root
 

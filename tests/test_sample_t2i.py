@@ -1,11 +1,9 @@
 """`lantern sample` for text-to-image targets: image i is decoded with the caption features of prompt row i."""
 import csv
-import dataclasses
 import json
 
 import pandas as pd
 import pytest
-import torch
 
 from fake_t5 import TINY_T5_DIM, write_tiny_t5
 from lantern.engine.checkpoint import save_checkpoint
@@ -14,8 +12,7 @@ from lantern.errors import UserError
 from lantern.io import sha256_file
 from lantern.worlds.llamagen.captions import main as encode_captions, read_captions_file
 from lantern.pipeline.sample import main as sample
-from lantern.engine.vq import VQArgs, VQModel
-from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
+from tiny import one_thread, save_world, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CAPTIONS = ["two dogs run in the park", "a red bus"]  # the second is left-padded: 6 of 16 tokens are real
@@ -31,13 +28,7 @@ def world(tmp_path_factory):
     encode_captions(["--prompts", str(root / "prompts.csv"), "--t5", str(write_tiny_t5(root / "t5")),
                      "--max-length", str(T), "--out", str(root / "captions.pt")])
     target = tiny_target("t2i", cls_token_num=T, caption_dim=TINY_T5_DIM)
-    save_checkpoint(root / "target.pt", target, args=target.args.to_dict())
-    save_drafter(root / "drafter.pt", Drafter.from_target(target))
-    vq_args = VQArgs(codebook_size=16, codebook_embed_dim=4, ch=8, ch_mult=(1, 1), z_channels=8, enc_res_blocks=1,
-                     dec_res_blocks=1, norm_groups=4)
-    torch.manual_seed(0)
-    save_checkpoint(root / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
-    return root
+    return save_world(root, target)
 
 
 def run(world, out, *extra, method='{"name": "vanilla"}', start=0, end=2, target="target.pt", mode="sampling"):

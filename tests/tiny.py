@@ -21,6 +21,23 @@ def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
     return model
 
 
+def save_world(root, target):
+    """target.pt, drafter.pt (an untrained drafter for `target`) and vq.pt (a random 16-code VQ) under root."""
+    import dataclasses
+
+    from lantern.engine.checkpoint import save_checkpoint
+    from lantern.engine.drafter import Drafter, save_drafter
+    from lantern.engine.vq import VQArgs, VQModel
+
+    save_checkpoint(root / "target.pt", target, args=target.args.to_dict())
+    save_drafter(root / "drafter.pt", Drafter.from_target(target))
+    vq_args = VQArgs(codebook_size=16, codebook_embed_dim=4, ch=8, ch_mult=(1, 1), z_channels=8, enc_res_blocks=1,
+                     dec_res_blocks=1, norm_groups=4)
+    torch.manual_seed(0)
+    save_checkpoint(root / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
+    return root
+
+
 def gens(n, seed=0):
     return [image_generator(seed, i) for i in range(n)]
 
