@@ -2,9 +2,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lantern.engine.drafter import (
-    Drafter, DrafterParams, drafter_losses, load_drafter, main, save_drafter, target_states, train_drafter,
-)
+from lantern.engine.drafter import Drafter, load_drafter, save_drafter, target_states
+from lantern.pipeline.train_drafter import DrafterParams, drafter_losses, main, train_drafter
 from lantern.errors import UserError
 from tiny import one_thread, tiny_target  # noqa: F401 (fixtures)
 
@@ -63,7 +62,7 @@ def test_cached_drafting_matches_the_uncached_pass(kind):
 
 
 def self_data(target, n=192):
-    from lantern.engine.drafter import self_generate
+    from lantern.pipeline.train_drafter import self_generate
 
     labels = torch.arange(n) % target.args.num_classes
     return self_generate(target, labels, {"temperature": 1.0}, seed=0), labels
@@ -73,7 +72,7 @@ def test_training_learns_and_mixes_null_rows(monkeypatch):
     target = tiny_target()
     tokens, labels = self_data(target)
     seen = []
-    import lantern.engine.drafter as mod
+    import lantern.pipeline.train_drafter as mod
 
     real = mod.drafter_losses
 

@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.drafter import load_drafter, main as train_main, read_caption_features, real_data
+from lantern.engine.drafter import load_drafter
+from lantern.pipeline.train_drafter import main as train_main, read_caption_features, real_data
 from lantern.errors import UserError
 from lantern.worlds.llamagen.images import center_crop, main as encode_main
 from lantern.engine.vq import VQArgs, VQModel

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lantern.engine import vq
+from lantern.worlds.toy import tokenize
 from lantern.metrics import ambiguity
 from lantern.worlds.toy import data, train_gpt, train_vq
 from lantern.engine.checkpoint import load_gpt, read_checkpoint
@@ -26,7 +27,7 @@ def world(tmp_path_factory):
     train_vq.main(["--data", str(d / "train.pt"), "--val", str(d / "val.pt"), "--out", str(d / "vq.pt"),
                    "--params", VQ_SMOKE, "--threads", "1"])
     for split in ("train", "val"):
-        vq.main(["--data", str(d / f"{split}.pt"), "--vq", str(d / "vq.pt"), "--out", str(d / f"tok_{split}.pt")])
+        tokenize.main(["--data", str(d / f"{split}.pt"), "--vq", str(d / "vq.pt"), "--out", str(d / f"tok_{split}.pt")])
     train_gpt.main(["--tokens", str(d / "tok_train.pt"), "--val", str(d / "tok_val.pt"), "--out", str(d / "gpt.pt"),
                     "--params", GPT_SMOKE, "--threads", "1"])
     return d

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from lantern.engine.drafter import DrafterParams, self_generate, train_drafter
+from lantern.pipeline.train_drafter import DrafterParams, self_generate, train_drafter
 from lantern.engine.sampling import image_generator
 from lantern.engine.model import GPT, ModelArgs
 

@@ -1,4 +1,4 @@
-"""The EAGLE-1 drafter and `lantern train-drafter`.
+"""The EAGLE-1 drafter: the model, its target states, and its checkpoints (training: pipeline/train_drafter.py).
 
 Architecture (method.md section 4): drafter position t reads the target's input embedding at position t + 1
 (condition embeddings for t < T - 1, image-token embeddings after) and the target's post-norm hidden state h_t,
@@ -9,29 +9,20 @@ the token read) is used, so the first image step is rotated like the target's im
 
 A drafter may instead follow the LANTERN authors' LlamaGen drafter (`DrafterOptions`, set by `lantern convert`):
 its own token embedding, code 0's embedding over the condition positions, no caption padding mask, norm eps 1e-6.
-
-Training regresses the target's next hidden state (SmoothL1) plus 0.1 x soft cross-entropy against the target's
-distribution, with uniform noise on the input hidden states and conditions dropped to the null condition at the
-target's class-dropout rate, so the drafter learns the unconditional stream CFG needs.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
-from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.params import params_from
-from lantern.io import load_torch, read_structured, save_torch
+from lantern.io import save_torch
 from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
 FORMAT = "lantern-drafter-v1"
@@ -196,161 +187,9 @@ def drafter_mask(cond_mask: Tensor | None, S: int) -> Tensor | None:
     return (causal_mask(S, S, cond_mask.device) & key_mask(shifted, S)) | torch.eye(S, dtype=torch.bool, device=cond_mask.device)
 
 
-# -- training -----------------------------------------------------------------------------------------------------
-@dataclass
-class DrafterParams:
-    data: str = "real"  # real: teacher-forced on --tokens; self: on the target's own samples; both
-    n_self: int = 0  # self-generated sequences (data self / both)
-    self_sampling: dict = field(default_factory=dict)  # SamplingParams for the self-generated sequences
-    epochs: int = 20
-    batch_size: int = 32
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5  # clip each gradient value to [-0.5, 0.5] (EAGLE)
-    ce_weight: float = 0.1
-    hidden_noise: float = 0.1  # uniform noise in [-a, a] on the input hidden states
-    val_frac: float = 0.05
-    max_sequences: int = 0  # 0: all
-    seed: int = 0
-    threads: int = 0
-
-    def __post_init__(self):
-        self.betas = tuple(self.betas)
-        if self.data not in ("real", "self", "both"):
-            raise UserError(f"drafter data must be real, self or both; got {self.data!r}")
-        if self.data != "real" and self.n_self < 1:
-            raise UserError(f"drafter data {self.data} needs n_self >= 1 self-generated sequences")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise UserError("drafter epochs, batch_size and lr must be positive")
-        if not 0 < self.val_frac < 1:
-            raise UserError(f"drafter val_frac={self.val_frac} must lie in (0, 1)")
-        if len(self.betas) != 2 or self.grad_clip <= 0 or self.hidden_noise < 0 or self.ce_weight < 0:
-            raise UserError("drafter betas must be two numbers, grad_clip > 0, hidden_noise and ce_weight >= 0")
-
-
-def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, noise: float = 0.0,
-                   cond_mask: Tensor | None = None) -> dict[str, Tensor]:
-    """Losses over the image-predicting drafter positions, plus agreement metrics (no grad through the target)."""
-    T = target.args.cls_token_num
-    with torch.no_grad():
-        x, h, logits = target_states(target, cond, tokens, cond_mask)
-        emb = drafter.inputs(x[:, :T], tokens)
-    h_in = h[:, :-1]
-    if noise > 0:
-        h_in = h_in + (torch.rand_like(h_in) * 2 - 1) * noise
-    pred = drafter(emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]))[:, T - 1 :]
-    want_h, want_p = h[:, T:], logits[:, T:].float().softmax(-1)
-    q_logits = drafter.head(pred)
-    reg = F.smooth_l1_loss(pred.float(), want_h.float())
-    ce = -(want_p * q_logits.log_softmax(-1)).sum(-1).mean()
-    with torch.no_grad():
-        top1 = (q_logits.argmax(-1) == logits[:, T:].argmax(-1)).float().mean()
-        accept = 1 - 0.5 * (q_logits.softmax(-1) - want_p).abs().sum(-1).mean()  # exact SD acceptance at temperature 1, no CFG
-    return {"reg": reg, "ce": ce, "top1": top1, "accept": accept}
-
-
-def to_target(cond: Tensor, target: GPT) -> Tensor:
-    """Conditions on the target's device; caption features also in its dtype (labels stay integers)."""
-    w = target.output.weight
-    return cond.to(device=w.device, dtype=w.dtype if cond.is_floating_point() else cond.dtype)
-
-
-def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
-                  cond_mask: Tensor | None = None) -> Tensor:
-    """Token sequences sampled from the target itself for conditions `cond` (labels, caption features or
-    CaptionRows, with cond_mask for captions), one generator per sequence.
-
-    Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
-    an evaluation draws from (global seed, index).
-    """
-    from lantern.engine.generate import generate
-    from lantern.engine.sampling import SamplingParams, image_generator, image_seed
-
-    try:
-        params = SamplingParams(**sampling)
-    except TypeError as e:
-        raise UserError(f"drafter self_sampling has an unknown key: {e}") from None
-    out = []
-    device = target.output.weight.device
-    for lo in tqdm(range(0, len(cond), batch), desc="self-generate", mininterval=2.0):
-        rows = torch.arange(lo, min(lo + batch, len(cond)))
-        c = to_target(cond[rows], target)
-        m = None if cond_mask is None else cond_mask[rows].to(device)
-        gens = [image_generator(image_seed(seed, -1), i) for i in rows.tolist()]
-        out.append(generate(target, c, params, gens, cond_mask=m)[0].cpu())
-    return torch.cat(out)
-
-
-def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
-                  cond_mask: Tensor | None = None) -> tuple[Drafter, dict]:
-    """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels, caption features,
-    or CaptionRows gathered batch by batch); the target's hidden states are computed per batch, never stored."""
-    device = target.output.weight.device
-    target.eval().requires_grad_(False)
-    torch.manual_seed(params.seed)
-    drafter = Drafter.from_target(target).train()
-    n = tokens.shape[0]
-    n_val = max(1, int(round(n * params.val_frac)))
-    if n - n_val < 1:
-        raise UserError(f"drafter training needs at least 2 sequences, got {n}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(params.seed))
-    train_idx, val_idx = order[n_val:], order[:n_val]
-    trainable = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=params.lr, betas=params.betas, weight_decay=params.weight_decay)
-    shuffle = torch.Generator().manual_seed(params.seed + 1)
-    batches = math.ceil(len(train_idx) / params.batch_size)
-
-    def batch_of(idx, drop: bool):
-        c = to_target(cond[idx], target)
-        if drop:  # null-condition rows at the target's own class-dropout rate (global RNG, seeded above)
-            c = target.drop_cond(c, target.args.class_dropout_prob)
-        m = None if cond_mask is None else cond_mask[idx].to(device)
-        return c, tokens[idx][:, :-1].to(device), m
-
-    history = []
-    bar = tqdm(total=params.epochs * batches, desc="train-drafter", mininterval=2.0)
-    for epoch in range(params.epochs):
-        drafter.train()
-        perm = train_idx[torch.randperm(len(train_idx), generator=shuffle)]
-        total = 0.0
-        for b in range(batches):
-            c, t, m = batch_of(perm[b * params.batch_size : (b + 1) * params.batch_size], drop=True)
-            losses = drafter_losses(drafter, target, c, t, params.hidden_noise, m)
-            loss = losses["reg"] + params.ce_weight * losses["ce"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_value_(trainable, params.grad_clip)
-            opt.step()
-            total += loss.item()
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-        row = {"epoch": epoch + 1, "train_loss": total / batches}
-        # one batch on the device at a time: t2i caption features of a 100k-image set would not fit at once
-        row.update(evaluate(drafter, target, (batch_of(val_idx[lo : lo + params.batch_size], drop=False)
-                                             for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight))
-        history.append(row)
-        tqdm.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    bar.close()
-    return drafter.eval(), {"history": history, "n_train": len(train_idx), "n_val": len(val_idx)}
-
-
-@torch.no_grad()
-def evaluate(drafter: Drafter, target: GPT, batches: list, ce_weight: float) -> dict:
-    """Validation losses and agreement (no noise, no condition dropout), averaged over sequences."""
-    drafter.eval()
-    sums, count = {}, 0
-    for c, t, m in batches:
-        for k, v in drafter_losses(drafter, target, c, t, 0.0, m).items():
-            sums[k] = sums.get(k, 0.0) + v.item() * len(c)
-        count += len(c)
-    out = {f"val_{k}": v / count for k, v in sums.items()}
-    out["val_loss"] = out["val_reg"] + ce_weight * out["val_ce"]
-    return out
-
-
 # -- checkpoints --------------------------------------------------------------------------------------------------
-def save_drafter(path: str | Path, drafter: Drafter, params: DrafterParams | None = None, **extra) -> None:
+def save_drafter(path: str | Path, drafter: Drafter, params=None, **extra) -> None:
+    """params: the training hyperparameters (a dataclass), kept for the record."""
     obj = {
         "format": FORMAT, "drafter": drafter.trained_state(), "target_args": drafter.args.to_dict(),
         "options": dataclasses.asdict(drafter.options), "params": dataclasses.asdict(params) if params else {}, **extra,
@@ -387,172 +226,3 @@ def load_drafter(path: str | Path, target: GPT) -> Drafter:
     return drafter.eval().requires_grad_(False)
 
 
-# -- data ---------------------------------------------------------------------------------------------------------
-class CaptionRows:
-    """Caption features of several shards addressed by one row index and gathered batch by batch: the shards stay
-    memory-mapped, since a real set (100k captions x 120 x 2048 in fp16, ~49 GB) does not belong in RAM."""
-
-    def __init__(self, shards: list[Tensor], where: Tensor):
-        self.shards, self.where = shards, where  # where [n, 2]: (shard, row in shard) of each row
-
-    def __len__(self) -> int:
-        return len(self.where)
-
-    def __getitem__(self, rows: Tensor) -> Tensor:
-        where = self.where[rows]
-        out = torch.empty(len(where), *self.shards[0].shape[1:], dtype=torch.float32)
-        for s in where[:, 0].unique().tolist():
-            pick = where[:, 0] == s
-            out[pick] = self.shards[s][where[pick, 1]].float()
-        return out
-
-    def subset(self, rows: Tensor) -> "CaptionRows":
-        return CaptionRows(self.shards, self.where[rows])
-
-    @staticmethod
-    def cat(parts: list["CaptionRows"]) -> "CaptionRows":
-        return CaptionRows(parts[0].shards, torch.cat([p.where for p in parts]))
-
-
-def _load(path: Path, flag: str, maker: str) -> dict:
-    return load_torch(path, flag, maker)
-
-
-def read_caption_features(paths: list[str], target: GPT) -> tuple[dict[str, int], CaptionRows, Tensor]:
-    """(id -> row, every row as CaptionRows, masks [n, T]) of `lantern encode-captions` files, checked against the
-    target."""
-    from lantern.worlds.llamagen.captions import read_captions_file
-
-    a, index, shards, where, masks = target.args, {}, [], [], []
-    for s, path in enumerate(map(Path, paths)):
-        obj = read_captions_file(path, "--caption-features", mmap=True)
-        feats, mask, ids = obj["features"], obj["mask"], list(obj["ids"])
-        if feats.ndim != 3 or tuple(feats.shape[1:]) != (a.cls_token_num, a.caption_dim) or len(ids) != len(feats) \
-                or tuple(mask.shape) != tuple(feats.shape[:2]):
-            raise UserError(
-                f"--caption-features {path} holds features {tuple(feats.shape)} for {len(ids)} ids with mask "
-                f"{tuple(mask.shape)}; the target needs [n, {a.cls_token_num}, {a.caption_dim}] and a mask [n, {a.cls_token_num}]")
-        for i, name in enumerate(ids):
-            if name in index:
-                raise UserError(f"--caption-features: id {name!r} appears twice (second time in {path}); give each shard once")
-            index[name] = len(index)
-        shards.append(feats)
-        where.append(torch.stack([torch.full((len(ids),), s), torch.arange(len(ids))], 1))
-        masks.append(mask.bool())
-    return index, CaptionRows(shards, torch.cat(where)), torch.cat(masks)
-
-
-def read_tokens(path: str | Path, target: GPT) -> dict:
-    """A `lantern tokenize` or `lantern encode-images` file, checked against the target: tokens [n, N] plus what
-    it holds of labels, ids, caption_features and caption_mask."""
-    path = Path(path)
-    obj = _load(path, "--tokens", "lantern tokenize` or `lantern encode-images")
-    if "tokens" not in obj:
-        raise UserError(f"--tokens {path} is not a `lantern tokenize` / `lantern encode-images` file (no tokens)")
-    tokens, a = obj["tokens"].long(), target.args
-    if tokens.ndim != 2 or tokens.shape[1] != a.image_tokens:
-        raise UserError(f"--tokens {path} holds sequences of {tuple(tokens.shape[1:])} tokens; the target makes {a.image_tokens}")
-    if tokens.max() >= a.vocab_size or tokens.min() < 0:
-        raise UserError(f"--tokens {path} has codes outside the target's vocabulary of {a.vocab_size}")
-    out = {"tokens": tokens, **{k: obj[k] for k in ("labels", "ids", "caption_features", "caption_mask") if k in obj}}
-    if a.model_type == "c2i":
-        if "labels" not in out:
-            raise UserError(f"--tokens {path} has no class labels; encode a class-folder layout (--layout classes)")
-        if out["labels"].max() >= a.num_classes:
-            raise UserError(f"--tokens {path} has class {int(out['labels'].max())}; the target knows {a.num_classes} classes")
-    return out
-
-
-def real_data(paths: list[str], target: GPT, captions) -> tuple[Tensor, object, Tensor | None]:
-    """(tokens, conditions, cond_mask) of --tokens files in order; t2i conditions come from the --caption-features
-    rows whose ids match (`captions` from read_caption_features) or else from the tokens files themselves."""
-    files = [read_tokens(p, target) for p in paths]
-    tokens = torch.cat([f["tokens"] for f in files])
-    if target.args.model_type == "c2i":
-        return tokens, torch.cat([f["labels"].long() for f in files]), None
-    if captions is None:
-        for p, f in zip(paths, files):
-            if "caption_features" not in f:
-                raise UserError(f"--tokens {p} carries no caption features; give --caption-features "
-                                "(`lantern encode-captions` files for its ids)")
-        feats = torch.cat([f["caption_features"].float() for f in files])
-        masks = [f.get("caption_mask") for f in files]
-        mask = None if any(m is None for m in masks) else torch.cat(masks).bool()
-        return tokens, feats, mask
-    index, rows, mask = captions
-    picks = []
-    for p, f in zip(paths, files):
-        if "ids" not in f:
-            raise UserError(f"--tokens {p} has no image ids to match --caption-features; make it with `lantern encode-images`")
-        missing = [i for i in f["ids"] if i not in index]
-        if missing:
-            raise UserError(f"--tokens {p}: id {missing[0]!r} (and {len(missing) - 1} more) has no row in --caption-features; "
-                            "encode the captions of every shard (`lantern encode-captions --prompts <shard>.csv`)")
-        picks += [index[i] for i in f["ids"]]
-    picks = torch.tensor(picks, dtype=torch.long)
-    return tokens, rows.subset(picks), mask[picks]
-
-
-def self_conditions(target: GPT, n: int, captions) -> tuple[object, Tensor | None]:
-    """Conditions of n self-generated sequences: classes in turn (c2i) or the --caption-features rows in turn."""
-    if target.args.model_type == "c2i":
-        return torch.arange(n) % target.args.num_classes, None
-    if captions is None:
-        raise UserError("self-generated text-to-image drafter data needs --caption-features (the captions to draw)")
-    _, rows, mask = captions
-    picks = torch.arange(n) % len(rows)
-    return rows.subset(picks), mask[picks]
-
-
-def _cat(conds: list):
-    return CaptionRows.cat(conds) if isinstance(conds[0], CaptionRows) else torch.cat(conds)
-
-
-def _take(cond, rows: Tensor):
-    return cond.subset(rows) if isinstance(cond, CaptionRows) else cond[rows]
-
-
-# -- CLI ----------------------------------------------------------------------------------------------------------
-def main(argv: list[str]) -> None:
-    from lantern.engine.checkpoint import load_gpt, parse_device
-
-    ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
-    ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")
-    ap.add_argument("--target-spec", default=None, help="llamagen target config (JSON/YAML or file) for upstream files")
-    ap.add_argument("--tokens", nargs="+", help="`lantern tokenize` / `lantern encode-images` files (shards, in order)")
-    ap.add_argument("--caption-features", nargs="+", help="`lantern encode-captions` files covering the tokens' ids (t2i)")
-    ap.add_argument("--out", required=True, help="drafter checkpoint")
-    ap.add_argument("--params", default=None, help="DrafterParams (JSON/YAML or file)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter trains in fp32")
-    a = ap.parse_args(argv)
-    params = params_from(read_structured(a.params), DrafterParams)
-    if params.data != "self" and not a.tokens:
-        raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
-    if params.threads > 0:
-        torch.set_num_threads(params.threads)
-    spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
-    target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(parse_device(a.device)))
-    captions = None
-    if a.caption_features:
-        if target.args.model_type != "t2i":
-            raise UserError("--caption-features is for text-to-image targets; this target is class-conditional")
-        captions = read_caption_features(a.caption_features, target)
-    parts = []
-    if params.data != "self":
-        parts.append(real_data(a.tokens, target, captions))
-    if params.data != "real":
-        cond, mask = self_conditions(target, params.n_self, captions)
-        parts.append((self_generate(target, cond, params.self_sampling, params.seed, cond_mask=mask), cond, mask))
-    tokens, cond = torch.cat([p[0] for p in parts]), _cat([p[1] for p in parts])
-    masks = [p[2] for p in parts]
-    cond_mask = None if any(m is None for m in masks) else torch.cat(masks)
-    if params.max_sequences:
-        keep = torch.arange(min(params.max_sequences, len(tokens)))
-        tokens, cond = tokens[keep], _take(cond, keep)
-        cond_mask = None if cond_mask is None else cond_mask[keep]
-    drafter, metrics = train_drafter(target, tokens, cond, params, cond_mask)
-    save_drafter(a.out, drafter, params, metrics=metrics, target=str(a.target), tokens=a.tokens or [],
-                 caption_features=a.caption_features or [])
-    last = metrics["history"][-1]
-    print(f"drafter -> {a.out}: val top-1 agreement {last['val_top1']:.3f}, val acceptance {last['val_accept']:.3f}")
