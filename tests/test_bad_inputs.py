@@ -1,18 +1,35 @@
-"""Every user mistake stops before any work with one line naming the key or file and the fix: a table of bad
-configs fed through `lantern check-config` and `snakemake -n`, and a table of bad files and arguments fed through
-the CLI subcommand that reads them. Each case asserts the exit code, one line on stderr, no traceback, no output."""
+"""Every user mistake stops before any work with one line naming the key or file and the fix (issue #17).
+
+Tables of mistakes, each case asserting the exit code, one line on stderr, no traceback and no output:
+- CONFIGS and the llamagen file cases (file_configs): bad config values and files, each through a real
+  `lantern check-config` process, and the SNAKEMAKE_TOO subset (one or more per validation layer) also through
+  `snakemake -n`, which runs the same validation at parse time and must print the same line;
+- CONFIG_FILE_CASES: broken config files and --config overrides, through `lantern check-config` (Snakemake reads
+  --configfile itself, before the Snakefile, and words those errors its own way);
+- FILE_CASES: bad checkpoints, tables, images, prompts and arguments, through the `lantern` subcommand that reads
+  them (in-process: `lantern.pipeline.cli.main`)."""
+import argparse
+import io
 import json
+import pickle
 import re
+import struct
 import subprocess
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 
-from lantern.engine.neighbours import NeighbourParams, build_table
+from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
+from lantern.engine.neighbours import FORMAT as NEIGHBOURS_FORMAT, NeighbourParams, build_table, read_codebook
 from lantern.pipeline.cli import main as cli
+from llamagen_world import GPT_SIZE, write_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy" / "default"
@@ -52,16 +69,25 @@ CONFIGS = [
     ("tree-unknown-name", method(name="exact", drafting="static", tree="bushy"), r"\.tree = 'bushy' is not a static tree"),
     ("same-point-twice", {"sweep": {"methods": [{"name": "exact"}, {"name": "exact", "gamma": 4}]}},
      r"sweep\.methods\[1\] repeats the point exact-chain-g4"),
+    ("same-method-listed-twice", {"sweep": {"methods": [{"name": "vanilla"}, {"name": "vanilla"}]}},
+     r"sweep\.methods\[1\] repeats the point vanilla"),
+    ("delta-grid-item-above-1", lantern_entry(delta=[0.1, 2.0]), r"delta.* 2\.0 exceeds 1"),
     ("residual-unknown", lantern_entry(residual="loose"), r"\.residual = 'loose' is not allowed"),
     ("lantern-without-k", {"sweep": {"methods": [{"name": "lantern", "delta": 0.1}]}}, r"needs k"),
     ("dynamic-depth-0", method(name="exact", drafting="dynamic", depth=0), r"\.depth = 0 must be >= 1"),
     ("method-not-a-mapping", {"sweep": {"methods": ["lantern"]}}, r"sweep\.methods\[0\] = 'lantern' has the wrong type"),
     ("methods-empty", {"sweep": {"methods": []}}, r"sweep\.methods is empty"),
     ("modes-empty", {"sweep": {"modes": []}}, r"sweep\.modes is empty"),
+    ("mode-twice", {"sweep": {"modes": ["greedy", "greedy"]}}, r"sweep\.modes lists greedy twice"),
     ("mode-unknown", {"sweep": {"modes": ["beam"]}}, r"sweep\.modes\[0\] = 'beam' is not allowed"),
     ("shards-above-images", {"sweep": {"n_images": 2, "shards": 3}}, r"sweep\.shards = 3 is more than sweep\.n_images"),
     ("n-images-negative", {"sweep": {"n_images": -5}}, r"sweep\.n_images"),
     ("n-images-string", {"sweep": {"n_images": "many"}}, r"sweep\.n_images = 'many' has the wrong type"),
+    ("n-images-float", {"sweep": {"n_images": 10.0}}, r"sweep\.n_images = 10\.0 must be an integer; write 10"),
+    ("shards-zero", {"sweep": {"shards": 0}}, r"sweep\.shards"),
+    ("max-k-float", {"neighbours": {"max_k": 50.0}}, r"neighbours\.max_k = 50\.0 must be an integer; write 50"),
+    ("seed-float", {"seed": 1.5}, r"seed = 1\.5 has the wrong type"),
+    ("sampling-not-a-mapping", {"sampling": [1, 2]}, r"sampling = \[1, 2\] has the wrong type"),
     ("unknown-top-key", {"sweeps": {}}, r"unknown key sweeps"),
     ("unknown-nested-key", {"sweep": {"n_image": 3}}, r"unknown key sweep\.n_image"),
     ("max-k-beyond-codebook", {"neighbours": {"max_k": 600}}, r"neighbours\.max_k = 600 exceeds the codebook"),
@@ -71,6 +97,9 @@ CONFIGS = [
      r"metrics\.inception_weights is empty"),
     ("llamagen-missing-gpt", {"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_L_256.pt"}},
      r"llamagen\.gpt_ckpt = /nope/c2i_L_256\.pt does not exist"),
+    ("llamagen-missing-vq", {"world": "llamagen", "llamagen": {"gpt_ckpt": str(TOY / "target.pt"),
+                                                                "vq_ckpt": "/nope/vq_ds16_c2i.pt"}},
+     r"llamagen\.vq_ckpt = /nope/vq_ds16_c2i\.pt does not exist"),
     ("llamagen-image-size", {"world": "llamagen", "llamagen": {"image_size": 250}},
      r"llamagen\.image_size = 250 is not allowed; use one of"),
 ]
@@ -81,18 +110,82 @@ def text_file(path: Path) -> str:
     return str(path)
 
 
-def file_configs(tmp: Path) -> list:
-    """Cases that need files on disk: a text file named .pt as the VQ checkpoint the config reads, and a t2i
-    run without prompts."""
+@pytest.fixture(scope="module")
+def llamagen_files(tmp_path_factory) -> dict[str, str]:
+    """A small upstream-layout c2i GPT (vocab 16384, 16 x 16 tokens, 10 classes; tests/llamagen_world.py), a VQ
+    file holding only a 16384-code codebook (all a config check reads of it), and a drafter file for that GPT."""
+    root = tmp_path_factory.mktemp("llamagen")
+    write_gpt(root / "c2i.pt", "c2i")
+    torch.save({"model": {"quantize.embedding.weight": torch.randn(16384, 8)}}, root / "vq.pt")
+    args = {"dim": GPT_SIZE["dim"], "vocab_size": 16384, "model_type": "c2i", "cls_token_num": 1, "image_tokens": 256}
+    torch.save({"format": DRAFTER_FORMAT, "target_args": args, "drafter": {}, "options": {}}, root / "drafter.pt")
+    return {"gpt_ckpt": str(root / "c2i.pt"), "vq_ckpt": str(root / "vq.pt"), "drafter_ckpt": str(root / "drafter.pt"),
+            "gpt_size": GPT_SIZE, "num_classes": 10}
+
+
+def file_configs(tmp: Path, lg: dict) -> list:
+    """Cases that need files on disk: text files named .pt as the checkpoints the config reads, the VQ where the
+    GPT goes, a target that disagrees with its llamagen keys or its VQ, a drafter for another target, and t2i runs
+    without their prompts or T5. `lg` is a llamagen c2i world that passes (test_the_llamagen_files_pass)."""
     fake = text_file(tmp / "text.pt")
+    vq = str(TOY / "vq.pt")
+    ok = {"reference": str(tmp), "resolution": 256, "class_names": "imagenet"}
+    t2i = {"model_type": "t2i", "gpt_ckpt": fake, "vq_ckpt": fake}
+    prompts = tmp / "prompts.csv"
+    prompts.write_text("id,caption\n1,a cat\n")
     return [
         ("llamagen-text-vq", {"world": "llamagen", "llamagen": {"gpt_ckpt": fake, "vq_ckpt": fake, "drafter_ckpt": fake},
-                              "metrics": {"reference": str(tmp), "resolution": 256, "class_names": "imagenet"}},
+                              "metrics": ok},
          r"llamagen\.vq_ckpt: checkpoint .*text\.pt is unreadable: not a torch file"),
-        ("llamagen-t2i-without-prompts", {"world": "llamagen", "llamagen": {"model_type": "t2i", "gpt_ckpt": fake,
-                                                                             "vq_ckpt": str(TOY / "vq.pt")}},
-         r"a t2i run needs prompts"),
+        ("llamagen-gpt-as-vq", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": lg["gpt_ckpt"]}, "metrics": ok},
+         r"llamagen\.vq_ckpt: .*c2i\.pt has no quantize\.embedding\.weight; pass a VQ"),
+        ("llamagen-text-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": fake}, "metrics": ok},
+         r"llamagen\.gpt_ckpt: checkpoint .*text\.pt is unreadable: not a torch file"),
+        ("llamagen-empty-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(Path(empty_file(tmp)))},
+                                "metrics": ok}, r"llamagen\.gpt_ckpt: checkpoint .*empty\.pt is unreadable"),
+        ("llamagen-vq-as-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": lg["vq_ckpt"]}, "metrics": ok},
+         r"llamagen\.gpt_ckpt: checkpoint .*vq\.pt is not a LlamaGen GPT"),
+        ("llamagen-gpt-other-size", {"world": "llamagen", "llamagen": {**lg, "gpt_size": "GPT-L"}, "metrics": ok},
+         r"llamagen\.gpt_ckpt: checkpoint .*c2i\.pt has 2 layers of width 64 .* set llamagen\.gpt_size"),
+        ("llamagen-gpt-other-classes", {"world": "llamagen", "llamagen": {**lg, "num_classes": 1000}, "metrics": ok},
+         r"llamagen\.gpt_ckpt: .*set llamagen\.num_classes: 10"),
+        ("llamagen-gpt-is-c2i-not-t2i", {"world": "llamagen", "metrics": ok, "llamagen": {
+            **lg, "model_type": "t2i", "prompts": {"file": str(prompts)}, "t5": {"path": str(tmp)}}},
+         r"llamagen\.gpt_ckpt: .*is a c2i model .* set llamagen\.model_type: c2i"),
+        ("llamagen-gpt-and-vq-disagree", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": vq}, "metrics": ok},
+         r"llamagen\.gpt_ckpt .*predicts 16384 codes, but llamagen\.vq_ckpt .* has a codebook of 512"),
+        ("llamagen-text-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": fake}, "metrics": ok},
+         r"llamagen\.drafter_ckpt: checkpoint .*text\.pt is unreadable"),
+        ("llamagen-gpt-as-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": lg["gpt_ckpt"]},
+                                     "metrics": ok}, r"llamagen\.drafter_ckpt: .*c2i\.pt is not a drafter"),
+        ("llamagen-drafter-of-another-target", {"world": "llamagen", "llamagen": {
+            **lg, "drafter_ckpt": str(TOY / "drafter.pt")}, "metrics": ok},
+         r"llamagen\.drafter_ckpt: drafter .*drafter\.pt was trained for a target with dim=128"),
+        ("llamagen-t2i-without-prompts", {"world": "llamagen", "llamagen": t2i}, r"a t2i run needs prompts"),
+        ("llamagen-missing-prompts-file", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"file": "/nope/p.csv"}}},
+         r"llamagen\.prompts\.file = /nope/p\.csv does not exist"),
+        ("llamagen-missing-coco", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"coco_captions": "/nope/c.json"}}},
+         r"llamagen\.prompts\.coco_captions = /nope/c\.json does not exist"),
+        ("llamagen-missing-t5", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"file": str(prompts)},
+                                                                    "t5": {"path": "/nope/flan-t5-xl"}}},
+         r"llamagen\.t5\.path = /nope/flan-t5-xl is not a folder"),
+        ("llamagen-missing-reference", {"world": "llamagen", "llamagen": lg,
+                                        "metrics": {**ok, "reference": "/nope/val2017"}},
+         r"metrics\.reference = /nope/val2017 does not exist"),
     ]
+
+
+def empty_file(tmp: Path) -> str:
+    (tmp / "empty.pt").write_bytes(b"")
+    return str(tmp / "empty.pt")
+
+
+FILE_CONFIG_IDS = ("llamagen-text-vq", "llamagen-gpt-as-vq", "llamagen-text-gpt", "llamagen-empty-gpt",
+                   "llamagen-vq-as-gpt", "llamagen-gpt-other-size", "llamagen-gpt-other-classes",
+                   "llamagen-gpt-is-c2i-not-t2i", "llamagen-gpt-and-vq-disagree", "llamagen-text-drafter",
+                   "llamagen-gpt-as-drafter", "llamagen-drafter-of-another-target", "llamagen-t2i-without-prompts",
+                   "llamagen-missing-prompts-file", "llamagen-missing-coco", "llamagen-missing-t5",
+                   "llamagen-missing-reference")
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -121,46 +214,124 @@ def write_override(tmp: Path, override: dict) -> tuple[Path, Path]:
 
 
 def config_cases():
-    return [pytest.param(o, p, id=i) for i, o, p in CONFIGS] + [pytest.param(None, i, id=i) for i in
-                                                                   ("llamagen-text-vq", "llamagen-t2i-without-prompts")]
+    return [pytest.param(o, p, id=i) for i, o, p in CONFIGS] + [pytest.param(None, i, id=i) for i in FILE_CONFIG_IDS]
+
+
+def lantern_cmd(*args: str) -> list[str]:
+    """The `lantern` console script of this environment (python -m lantern where it is not installed)."""
+    script = Path(sys.executable).parent / "lantern"
+    return [str(script), *args] if script.is_file() else [sys.executable, "-m", "lantern", *args]
+
+
+def test_the_llamagen_files_pass(llamagen_files, tmp_path):
+    """The world the llamagen cases spoil passes check-config as it is: each case fails for its own reason."""
+    path, out = write_override(tmp_path, {"world": "llamagen", "llamagen": llamagen_files, "metrics": {
+        "reference": str(tmp_path), "resolution": 256, "class_names": "imagenet"}})
+    r = run(lantern_cmd("check-config", str(REPO / "config" / "config.yaml"), str(path)))
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stdout + r.stderr
+    assert [i for i, _, _ in file_configs(tmp_path, llamagen_files)] == list(FILE_CONFIG_IDS)
+
+
+# Every config case runs through `lantern check-config`; these also through `snakemake -n` (a few seconds each):
+# one or more per layer of the validation (schema, integers, sweep, method registry, metrics, llamagen paths and
+# checkpoints), since the Snakefile runs the same validate_config.
+SNAKEMAKE_TOO = {"delta-above-1", "gamma-float", "k-inf", "same-point-twice", "methods-empty", "mode-twice",
+                 "shards-above-images", "unknown-nested-key", "n-images-string", "n-images-float",
+                 "inception-without-weights", "llamagen-missing-gpt", "llamagen-text-vq", "llamagen-text-gpt",
+                 "llamagen-drafter-of-another-target"}
 
 
 @pytest.mark.parametrize("override, pattern", config_cases())
-def test_bad_config_stops_check_config_and_snakemake_in_one_line(override, pattern, tmp_path, capsys):
+def test_bad_config_stops_check_config_and_snakemake_in_one_line(override, pattern, tmp_path, request):
+    case = request.node.callspec.id
     if override is None:  # a case that needs files: look it up by id
-        override, pattern = next((o, p) for i, o, p in file_configs(tmp_path) if i == pattern)
+        lg = request.getfixturevalue("llamagen_files")
+        override, pattern = next((o, p) for i, o, p in file_configs(tmp_path, lg) if i == case)
     path, out = write_override(tmp_path, override)
-    rc = cli(["check-config", str(REPO / "config" / "config.yaml"), str(path)])
-    captured = capsys.readouterr()
-    assert_one_line(rc, captured.out, captured.err, pattern)
-    r = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path)])
-    assert_one_line(r.returncode, "", r.stderr, pattern)
+    r = run(lantern_cmd("check-config", str(REPO / "config" / "config.yaml"), str(path)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert_one_line(r.returncode, r.stdout, r.stderr, pattern)
+    if case in SNAKEMAKE_TOO:
+        s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path)])
+        assert_one_line(s.returncode, s.stdout, s.stderr, pattern)
+        assert error_lines(s.stderr) == error_lines(r.stderr)  # the same line from both
     assert not out.exists()
 
 
-def test_check_config_file_errors_are_one_line(tmp_path):
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("sweep:\n  n_images: 3\n  modes: [sampling\n")
-    listed = tmp_path / "listed.yaml"
-    listed.write_text("- seed: 1\n")
-    config = str(REPO / "config" / "config.yaml")
-    for args, pattern in [
-        ([config, str(broken)], r"config file .*broken\.yaml line \d+ is not valid YAML"),
-        ([config, str(listed)], r"config file .*listed\.yaml holds a list; a config is a mapping"),
-        ([config, str(tmp_path / "missing.yaml")], r"config file .*missing\.yaml does not exist"),
-        ([config, "--config", "3x=1"], r"--config 3x=1: Invalid config definition"),
-        ([config, "--config", 'sweep={"n_images": 10}'], r"sweep\.n_images = '10' has the wrong type"),
-        ([], r"usage: lantern check-config"),
-    ]:
-        r = run([sys.executable, "-m", "lantern", "check-config", *args])
-        assert r.returncode == 2
-        assert_one_line(r.returncode, r.stdout, r.stderr, pattern)
+def test_snakemake_cases_exist():
+    assert SNAKEMAKE_TOO <= {i for i, _, _ in CONFIGS} | set(FILE_CONFIG_IDS)
+
+
+# -- config files and --config overrides: check-config names the file and line -------------------------------------
+def config_file(tmp: Path, name: str, data: bytes | str) -> str:
+    path = tmp / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(path)
+
+
+CONFIG = str(REPO / "config" / "config.yaml")
+# (case id, check-config arguments given a temp folder, regex the one error line must match)
+CONFIG_FILE_CASES = [
+    ("yaml-syntax-error", lambda t: [CONFIG, config_file(t, "broken.yaml", "sweep:\n  n_images: 3\n  modes: [sampling\n")],
+     r"config file .*broken\.yaml line 4 is not valid YAML"),
+    ("yaml-tab-indent", lambda t: [CONFIG, config_file(t, "tabs.yaml", "sweep:\n\tn_images: 3\n")],
+     r"config file .*tabs\.yaml line 2 is not valid YAML"),
+    ("yaml-top-level-list", lambda t: [CONFIG, config_file(t, "listed.yaml", "- seed: 1\n")],
+     r"config file .*listed\.yaml holds a list; a config is a mapping"),
+    ("yaml-top-level-scalar", lambda t: [CONFIG, config_file(t, "scalar.yaml", "3\n")],
+     r"config file .*scalar\.yaml holds a int; a config is a mapping"),
+    ("yaml-not-utf8", lambda t: [CONFIG, config_file(t, "latin1.yaml", b"# caf\xe9\nseed: 1\n")],
+     r"config file .*latin1\.yaml is not UTF-8 text"),
+    ("override-missing", lambda t: [CONFIG, str(t / "missing.yaml")], r"config file .*missing\.yaml does not exist"),
+    ("override-is-a-folder", lambda t: [CONFIG, str(t)], r"config file .* is not a file"),
+    ("config-flag-bad-key", lambda t: [CONFIG, "--config", "3x=1"], r"--config 3x=1: Invalid config definition"),
+    ("config-flag-string-number", lambda t: [CONFIG, "--config", 'sweep={"n_images": 10}'],
+     r"sweep\.n_images = '10' has the wrong type"),
+    ("config-flag-unknown-key", lambda t: [CONFIG, "--config", "colour=red"], r"unknown key colour"),
+    ("config-flag-float-seed", lambda t: [CONFIG, "--config", "seed=2.5"], r"seed = 2\.5 has the wrong type"),
+    ("config-flag-empty", lambda t: [CONFIG, "--config"], r"--config needs at least one key=value"),
+    ("no-config-file", lambda t: [], r"usage: lantern check-config"),
+]
+
+
+@pytest.mark.parametrize("make_args, pattern", [pytest.param(a, p, id=i) for i, a, p in CONFIG_FILE_CASES])
+def test_bad_config_file_or_override_is_one_line(make_args, pattern, tmp_path):
+    r = run(lantern_cmd("check-config", *make_args(tmp_path)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert_one_line(r.returncode, r.stdout, r.stderr, pattern)
+
+
+def test_snakemake_parses_config_overrides_as_check_config_does():
     # Snakemake parses the same --config the same way: both refuse the string
     r = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config", 'sweep={"n_images": 10}'])
-    assert_one_line(r.returncode, "", r.stderr, r"sweep\.n_images = '10' has the wrong type")
+    assert_one_line(r.returncode, r.stdout, r.stderr, r"sweep\.n_images = '10' has the wrong type")
 
 
 # -- bad files and arguments, through the subcommand that reads them -----------------------------------------------
+def png_bytes(size: int = 32, seed: int = 0) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def png_bomb(side: int = 20000) -> bytes:
+    """A valid PNG header declaring side x side pixels (far over PIL's decompression-bomb limit) and no pixel data:
+    a few dozen bytes, refused by Image.open itself."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
+def images_folder(folder: Path, extra: dict[str, bytes] | None = None) -> str:
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"{i:06d}.png").write_bytes(png_bytes(seed=i))
+    for name, data in (extra or {}).items():
+        (folder / name).write_bytes(data)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
@@ -168,9 +339,42 @@ def files(tmp_path_factory):
     (root / "empty.pt").write_bytes(b"")
     (root / "random.pt").write_bytes(bytes(range(256)) * 8)
     torch.save([1, 2, 3], root / "list.pt")
+    # a plain pickle (not torch.save) of an arbitrary object, and a torch file holding one
+    (root / "pickle.pt").write_bytes(pickle.dumps({"model": argparse.Namespace(dim=64)}, protocol=4))
+    torch.save({"model": argparse.Namespace(dim=64)}, root / "object.pt")
+    with zipfile.ZipFile(root / "zip.pt", "w") as z:  # a zip, but no torch archive
+        z.writestr("notes/readme.txt", "hello")
+    target = (TOY / "target.pt").read_bytes()
+    (root / "truncated.pt").write_bytes(target[: len(target) // 2])
+    codebook = read_codebook(TOY / "vq.pt")
     torch.save(build_table(torch.randn(32, 4), NeighbourParams(k=8)), root / "other_nb.pt")
+    torch.save(build_table(codebook, NeighbourParams(k=3)), root / "narrow_nb.pt")  # k = 3 stored, 5 needed
+    torch.save({"meta": {"format": NEIGHBOURS_FORMAT}}, root / "meta_only_nb.pt")
+    torch.save({"format": DRAFTER_FORMAT}, root / "format_only_drafter.pt")
     (root / "latin1.csv").write_bytes(b"id,caption\n1,caf\xe9 au lait\n")
+    (root / "prompts.csv").write_text("id,caption\n1,a cat\n2,a dog\n")
     (root / "empty_dir").mkdir()
+    (root / "text.json").write_text("not json {")
+    (root / "random.safetensors").write_bytes(bytes(range(256)) * 4)
+    features = root / "features"
+    features.mkdir()
+    (features / "1.npy").write_bytes(b"this is not numpy")
+    images_folder(root / "generated")
+    png = png_bytes(seed=7)
+    images_folder(root / "ref_garbage", {"broken.png": b"not a png at all"})
+    images_folder(root / "ref_truncated", {"cut.png": png[: len(png) // 2]})
+    images_folder(root / "ref_empty_file", {"zero.png": b""})
+    images_folder(root / "ref_bomb", {"huge.png": png_bomb()})
+    write_gpt(root / "c2i_16384.pt", "c2i")  # an upstream-layout GPT of vocabulary 16384 (the toy VQ has 512 codes)
+    (root / "text.npz").write_text("not an npz")
+    (root / "garbage_tables").mkdir()
+    (root / "garbage_tables" / "sweep.csv").write_bytes(b"mode,point\n\xff\xfe,1,2,3\n")
+    (root / "class_images").mkdir()
+    images_folder(root / "class_images" / "n01", {"broken.png": b"garbage"})
+    bad_stats = root / "shard_bad_stats"
+    bad_stats.mkdir()
+    (bad_stats / "stats.csv").write_bytes(b"a,b\n1,2,3,4\n\xff\xfe\n")
+    (bad_stats / "manifest.json").write_text("{}")
     return root
 
 
@@ -180,25 +384,58 @@ def sample(out: Path, **kw) -> list[str]:
     return ["sample", *[x for k, v in args.items() for x in (k, v)]]
 
 
+def evaluate(f: Path, out: Path, reference: str, images: str | None = None) -> list[str]:
+    return ["evaluate", "--images", images or str(f / "generated"), "--reference", str(f / reference),
+            "--out", f"{out}.json", "--params", '{"clip": {"enabled": false}}']
+
+
 LANTERN = json.dumps({"name": "lantern", "delta": 0.1, "k": 5})
+# (case id, CLI arguments given the files folder and an output path, regex the one error line must match)
 FILE_CASES = [
     ("target-text-file", lambda f, o: sample(o, **{"--target": str(f / "text.pt")}),
      r"checkpoint .*text\.pt is unreadable: not a torch file"),
     ("target-empty-file", lambda f, o: sample(o, **{"--target": str(f / "empty.pt")}), r"empty\.pt is unreadable"),
     ("target-random-bytes", lambda f, o: sample(o, **{"--target": str(f / "random.pt")}), r"random\.pt is unreadable"),
+    ("target-random-pickle", lambda f, o: sample(o, **{"--target": str(f / "pickle.pt")}), r"pickle\.pt is unreadable"),
+    ("target-holds-an-object", lambda f, o: sample(o, **{"--target": str(f / "object.pt")}),
+     r"object\.pt is unreadable"),
+    ("target-zip-not-torch", lambda f, o: sample(o, **{"--target": str(f / "zip.pt")}), r"zip\.pt is unreadable"),
+    ("target-truncated", lambda f, o: sample(o, **{"--target": str(f / "truncated.pt")}),
+     r"truncated\.pt is unreadable: .*truncated"),
     ("target-holds-a-list", lambda f, o: sample(o, **{"--target": str(f / "list.pt")}),
      r"list\.pt holds a list, not a mapping of tensors"),
     ("vq-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "vq.pt")}), r"vq\.pt"),
     ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}), r"VQ checkpoint .*target\.pt"),
+    ("vq-empty-file", lambda f, o: sample(o, **{"--vq": str(f / "empty.pt")}), r"empty\.pt is unreadable"),
+    ("target-and-vq-disagree", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
+        {"gpt_size": GPT_SIZE, "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
+     r"--target .*c2i_16384\.pt predicts 16384 codes, but --vq .*vq\.pt decodes 512"),
+    ("target-spec-disagrees", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
+        {"gpt_size": "GPT-B", "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
+     r"c2i_16384\.pt has 2 layers of width 64 .* set llamagen\.gpt_size"),
     ("target-missing", lambda f, o: sample(o, **{"--target": str(f / "nope.pt")}), r"nope\.pt does not exist"),
+    ("target-spec-bad-type", lambda f, o: sample(o, **{"--target-spec": '{"model_type": "x2i"}'}),
+     r"llamagen\.model_type = 'x2i' is not a model type"),
     ("drafter-text-file", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(f / "text.pt")}),
      r"text\.pt is unreadable"),
+    ("drafter-given-the-target", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
+                                                           "--drafter": str(TOY / "target.pt")}),
+     r"target\.pt is not a drafter checkpoint"),
+    ("drafter-format-only", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
+                                                      "--drafter": str(f / "format_only_drafter.pt")}),
+     r"format_only_drafter\.pt is not a drafter checkpoint"),
     ("neighbours-random-bytes", lambda f, o: sample(o, **{"--method": LANTERN, "--neighbours": str(f / "random.pt")}),
      r"neighbour table .*random\.pt is unreadable"),
     ("neighbours-other-codebook", lambda f, o: sample(o, **{"--method": LANTERN, "--neighbours": str(f / "other_nb.pt")}),
-     r"other_nb\.pt"),
+     r"other_nb\.pt was built for another codebook"),
+    ("neighbours-too-narrow", lambda f, o: sample(o, **{"--method": LANTERN, "--neighbours": str(f / "narrow_nb.pt")}),
+     r"narrow_nb\.pt stores k=3 neighbours but 5 are needed"),
+    ("neighbours-meta-only", lambda f, o: sample(o, **{"--method": LANTERN, "--neighbours": str(f / "meta_only_nb.pt")}),
+     r"meta_only_nb\.pt is not a neighbour table"),
     ("labels-word", lambda f, o: sample(o, **{"--labels": "cats"}), r"--labels 'cats' must be 'cycle' or a class id"),
     ("labels-out-of-range", lambda f, o: sample(o, **{"--labels": "99"}), r"--labels '99' must be"),
+    ("labels-negative", lambda f, o: sample(o, **{"--labels": "-1"}), r"--labels '-1' must be"),
+    ("device-unknown", lambda f, o: sample(o, **{"--device": "banana"}), r"--device 'banana'|device 'banana'"),
     ("method-bad-yaml", lambda f, o: sample(o, **{"--method": "{bad"}), r"--method '\{bad' is neither .* valid JSON/YAML"),
     ("method-a-list", lambda f, o: sample(o, **{"--method": "[1]"}), r"--method must be a mapping"),
     ("method-grid", lambda f, o: sample(o, **{"--method": json.dumps({"name": "lantern", "delta": [0.1, 0.2], "k": 5})}),
@@ -207,23 +444,88 @@ FILE_CASES = [
      r"--method\.colour is not a parameter of exact"),
     ("method-gamma-float", lambda f, o: sample(o, **{"--method": json.dumps({"name": "exact", "gamma": 2.0})}),
      r"--method\.gamma = 2\.0 must be an integer"),
-    ("sampling-unknown-key", lambda f, o: sample(o, **{"--sampling": '{"cfg": 2}'}), r"--sampling has an unknown key"),
+    ("method-lantern-without-neighbours", lambda f, o: sample(o, **{"--method": LANTERN}), r"--neighbours"),
+    ("sampling-unknown-key", lambda f, o: sample(o, **{"--sampling": '{"cfg": 2}'}), r"unknown key --sampling\.cfg"),
+    ("sampling-wrong-type", lambda f, o: sample(o, **{"--sampling": '{"top_k": "ten"}'}),
+     r"--sampling\.top_k = 'ten' must be of type int"),
     ("sampling-bad-temperature", lambda f, o: sample(o, **{"--sampling": '{"temperature": 0}'}), r"temperature=0"),
     ("start-after-end", lambda f, o: sample(o, **{"--start": "5"}), r"need 0 <= --start < --end"),
+    ("end-not-a-number", lambda f, o: sample(o, **{"--end": "two"}), r"argument --end: invalid int value: 'two'"),
     ("sample-unknown-flag", lambda f, o: sample(o, **{"--colour": "red"}), r"lantern sample: unrecognized arguments"),
     ("neighbours-text-vq", lambda f, o: ["neighbours", "--vq", str(f / "text.pt"), "--out", str(o)],
      r"text\.pt is unreadable"),
+    ("neighbours-target-as-vq", lambda f, o: ["neighbours", "--vq", str(TOY / "target.pt"), "--out", str(o)],
+     r"target\.pt has no quantize\.embedding\.weight; pass a VQ"),
     ("neighbours-k-too-large", lambda f, o: ["neighbours", "--vq", str(TOY / "vq.pt"), "--out", str(o),
                                              "--params", '{"k": 9999}'], r"k=9999 exceeds"),
+    ("neighbours-k-float", lambda f, o: ["neighbours", "--vq", str(TOY / "vq.pt"), "--out", str(o),
+                                         "--params", '{"k": 5.0}'], r"k"),
+    ("tokenize-text-data", lambda f, o: ["tokenize", "--data", str(f / "text.pt"), "--vq", str(TOY / "vq.pt"),
+                                         "--out", str(o)], r"--data .*text\.pt is unreadable"),
+    ("tokenize-target-as-data", lambda f, o: ["tokenize", "--data", str(TOY / "target.pt"), "--vq", str(TOY / "vq.pt"),
+                                              "--out", str(o)], r"target\.pt is not a `lantern make-data` file"),
+    ("train-gpt-text-tokens", lambda f, o: ["train-gpt", "--tokens", str(f / "text.pt"), "--val", str(f / "text.pt"),
+                                            "--out", str(o)], r"--tokens .*text\.pt is unreadable"),
+    ("ambiguity-vq-as-target", lambda f, o: ["ambiguity", "--target", str(TOY / "vq.pt"), "--heldout",
+                                             str(f / "text.pt"), "--out", str(o), "--steps-out", f"{o}.steps"],
+     r"text\.pt is unreadable"),
+    ("convert-text-src", lambda f, o: ["convert", "--kind", "target", "--src", str(f / "text.pt"), "--out", str(o)],
+     r"text\.pt is unreadable"),
+    ("convert-random-safetensors", lambda f, o: ["convert", "--kind", "target", "--src", str(f / "random.safetensors"),
+                                                 "--out", str(o)], r"random\.safetensors are unreadable"),
+    ("convert-src-missing", lambda f, o: ["convert", "--kind", "target", "--src", str(f / "nope"), "--out", str(o)],
+     r"--src .*nope does not exist"),
+    ("convert-our-drafter-as-authors", lambda f, o: ["convert", "--kind", "drafter", "--src", str(TOY / "drafter.pt"),
+                                                     "--target", str(TOY / "target.pt"), "--out", str(o)],
+     r"drafter\.pt has no state dict"),
+    ("convert-missing-args", lambda f, o: ["convert"], r"lantern convert: the following arguments are required"),
+    ("encode-captions-not-utf8", lambda f, o: ["encode-captions", "--prompts", str(f / "latin1.csv"), "--features",
+                                               str(f / "features"), "--out", str(o)], r"latin1\.csv is not UTF-8"),
+    ("encode-captions-bad-npy", lambda f, o: ["encode-captions", "--prompts", str(f / "prompts.csv"), "--features",
+                                              str(f / "features"), "--out", str(o), "--end", "1"],
+     r"1\.npy \(prompt id '1'\) is not a readable \.npy file"),
+    ("encode-captions-t5-not-a-model", lambda f, o: ["encode-captions", "--prompts", str(f / "prompts.csv"), "--t5",
+                                                     str(f / "empty_dir"), "--out", str(o)],
+     r"--t5 .*empty_dir is not a T5 model folder"),
+    ("encode-images-bad-image", lambda f, o: ["encode-images", "--images", str(f / "class_images"), "--layout",
+                                              "classes", "--vq", str(TOY / "vq.pt"), "--image-size", "32",
+                                              "--end", "3", "--out", str(o), "--device", "cpu"],
+     r"broken\.png"),
     ("tables-not-a-shard", lambda f, o: ["tables", "--shards", str(f / "empty_dir"), "--out", str(o)],
      r"has no stats\.csv"),
+    ("tables-garbage-stats", lambda f, o: ["tables", "--shards", str(f / "shard_bad_stats"), "--out", str(o)],
+     r"stats table .*shard_bad_stats/stats\.csv is not a readable CSV"),
+    ("speed-garbage-stats", lambda f, o: ["speed", "--stats", str(f / "random.pt"), "--out", f"{o}.csv"],
+     r"stats table .*random\.pt is not a readable CSV"),
     ("figure-unknown", lambda f, o: ["figure", "nosuch", "--out", str(o) + ".png"], r"invalid choice: 'nosuch'"),
+    ("figure-garbage-sweep", lambda f, o: ["figure", "tradeoff", "--tables", str(f / "garbage_tables"),
+                                           "--out", str(o) + ".png"], r"table .*sweep\.csv is not a readable CSV"),
+    ("figure-ambiguity-garbage", lambda f, o: ["figure", "ambiguity", "--ambiguity", f"default={f / 'random.pt'}",
+                                               "--out", str(o) + ".png"], r"ambiguity: .*random\.pt is not a readable CSV"),
+    ("figure-tables-missing", lambda f, o: ["figure", "tradeoff", "--tables", str(f / "empty_dir"),
+                                            "--out", str(o) + ".png"], r"sweep\.csv"),
     ("prompts-not-utf8", lambda f, o: ["prompts", "--file", str(f / "latin1.csv"), "--out", str(o)],
      r"latin1\.csv is not UTF-8"),
+    ("prompts-coco-not-json", lambda f, o: ["prompts", "--coco", str(f / "text.json"), "--out", str(o)],
+     r"text\.json is not a JSON file"),
     ("evaluate-no-images", lambda f, o: ["evaluate", "--images", str(f / "empty_dir"), "--reference",
                                          str(f / "empty_dir"), "--out", f"{o}.json"], r"holds no images"),
-    ("convert-missing-args", lambda f, o: ["convert"], r"lantern convert: the following arguments are required"),
+    ("evaluate-reference-not-png", lambda f, o: evaluate(f, o, "ref_garbage"), r"ref_garbage/broken\.png is not a "
+     r"readable image"),
+    ("evaluate-reference-truncated-png", lambda f, o: evaluate(f, o, "ref_truncated"),
+     r"ref_truncated/cut\.png is not a readable image"),
+    ("evaluate-reference-empty-png", lambda f, o: evaluate(f, o, "ref_empty_file"),
+     r"ref_empty_file/zero\.png is not a readable image"),
+    ("evaluate-decompression-bomb", lambda f, o: evaluate(f, o, "generated", str(f / "ref_bomb")),
+     r"ref_bomb/huge\.png is not a readable image.*pixels"),
+    ("evaluate-text-npz", lambda f, o: evaluate(f, o, "text.npz"), r"text\.npz is not an \.npz archive"),
+    ("evaluate-captions-not-csv", lambda f, o: evaluate(f, o, "generated") + ["--captions", str(f / "random.pt")],
+     r"captions table .*random\.pt is not a readable CSV"),
     ("methods-with-arguments", lambda f, o: ["methods", "x"], r"usage: lantern methods"),
+    ("make-data-negative-n", lambda f, o: ["make-data", "--out", str(o), "--n", "-3", "--seed", "0"],
+     r"--n must be positive"),
+    ("make-data-unknown-param", lambda f, o: ["make-data", "--out", str(o), "--n", "3", "--seed", "0",
+                                              "--params", '{"colour": 1}'], r"colour"),
     ("unknown-command", lambda f, o: ["sampel"], r"unknown command 'sampel'"),
 ]
 
@@ -234,6 +536,9 @@ def test_bad_file_or_argument_is_one_line(make_args, pattern, files, tmp_path, c
     rc = cli(make_args(files, out))
     captured = capsys.readouterr()
     assert rc == 2
-    assert_one_line(rc, "", captured.err, pattern)
+    assert_one_line(rc, captured.out, captured.err, pattern)
     assert not [p for p in tmp_path.iterdir()], "nothing may be written"
 
+
+def test_the_table_is_large_enough():
+    assert len(CONFIGS) + len(FILE_CONFIG_IDS) + len(CONFIG_FILE_CASES) + len(FILE_CASES) >= 45

@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from lantern.engine.generate import decode_one_token, generate, prefill
-
-from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.trees import row_probs
+from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg, row_probs
 from tiny import one_thread  # noqa: F401 (fixture)
 
 COND = torch.tensor([[1.0, 2.0, 3.0]])

@@ -8,10 +8,9 @@ from lantern.engine.drafter import Drafter, save_drafter
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
-from lantern.engine.speculative import generate as spec_generate
-from lantern.engine.chain import Chain
 from lantern.engine import methods
-from lantern.engine.speculative import speculative_decode
+from lantern.engine.chain import Chain
+from lantern.engine.speculative import generate as spec_generate, speculative_decode
 from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

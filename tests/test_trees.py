@@ -172,11 +172,11 @@ def test_relaxed_tree_needs_a_table(trained):
     target, drafter = trained
     with pytest.raises(UserError, match="neighbour table"):
         speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
-                    TREES["static"], gens(1)[0])
+                           TREES["static"], gens(1)[0])
     small = tiny_target(vocab_size=4, image_tokens=4)
     with pytest.raises(UserError, match="beyond the vocabulary"):
         speculative_decode(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
-                    TREES["static"], gens(1)[0])
+                           TREES["static"], gens(1)[0])
 
 
 # -- masks and cache compaction against brute force ---------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_drafter_tree_passes_match_uncached_drafter(trained):
     prefix = torch.randint(0, 16, (4,), generator=torch.Generator().manual_seed(5))
     Q, n_done = 1 + 4 - 1, 4
     x, h, _ = target_states(target, rows, prefix.expand(2, -1))
-    drafter.setup_cache(2, extra=tree.drafter_slots)
+    drafter.setup_cache(2, extra=tree.drafter_extra)
     pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
     q_root = row_probs(drafter.head(pred), params, n_done)[0]
     draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator().manual_seed(0))
@@ -382,7 +382,7 @@ def test_dynamic_tree_is_eagle2_selection(trained):
     prefix = torch.randint(0, 16, (5,), generator=torch.Generator().manual_seed(2))
     Q, n_done = 5, 5
     x, h, _ = target_states(target, rows, prefix.expand(2, -1))
-    drafter.setup_cache(2, extra=tree.drafter_slots)
+    drafter.setup_cache(2, extra=tree.drafter_extra)
     pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
     q_root = row_probs(drafter.head(pred), params, n_done)[0]
     draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator())

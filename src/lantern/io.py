@@ -8,6 +8,7 @@ import io
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -57,13 +58,54 @@ def load_torch(path: str | os.PathLike, what: str, maker: str = "", mmap: bool =
     if not path.is_file():
         raise UserError(f"{what} {path} does not exist{fix}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle's protocol: the error says it all
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - whatever torch or pickle raises, the user's answer is the same
+        if mmap:  # a legacy (non-zip) torch file cannot be mapped: read it whole, which names any other problem
+            return load_torch(path, what, maker)
         detail = (str(e).strip().split(". ")[0].splitlines() or [type(e).__name__])[0][:120]
         raise UserError(f"{what} {path} is unreadable: not a torch file of tensors, or truncated ({detail})") from None
     if not isinstance(obj, dict):
         raise UserError(f"{what} {path} holds a {type(obj).__name__}, not a mapping of tensors{fix}")
     return obj
+
+
+def read_csv(path: str | os.PathLike, what: str, fix: str, **kw):
+    """pandas.read_csv, where a file that is not a readable CSV (binary, not UTF-8, ragged rows, empty) is one
+    UserError naming it and `fix`."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, **kw)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise UserError(f"{what} {path} is not a readable CSV ({detail}); {fix}") from None
+
+
+def image_error(path: str | os.PathLike, e: Exception, what: str = "image") -> UserError:
+    """The one line for an image PIL cannot read: unknown format, truncated, corrupt, or a decompression bomb."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        detail = "not an image format PIL knows"
+    elif isinstance(e, Image.DecompressionBombError):
+        detail = str(e).split(", could be")[0]  # "Image size (N pixels) exceeds limit of M pixels"
+    else:
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+    return UserError(f"{what} {path} is not a readable image ({detail}); remove or replace it")
+
+
+def check_image(path: str | os.PathLike, what: str = "image") -> None:
+    """Read an image file's header and check its data without decoding the pixels (PIL's verify: PNG chunk
+    checksums, truncation), so a broken file stops a job before its work rather than in the middle of it."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+        raise image_error(path, e, what) from None
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -130,18 +130,23 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSu
     return conf
 
 
-# daemons start in seconds when idle; the bound only catches one that never comes up (a busy machine is slow)
-DAEMON_START_S = 600
+# Daemons start in seconds when idle. A daemon that fails exits, and the wait stops at once; this bound only
+# catches one that hangs without ever coming up, and no busy machine comes near it.
+DAEMON_START_S = 3600
 
 
-def _wait(what: str, ok, timeout: float, logs: list[Path]) -> None:
+def _wait(what: str, ok, timeout: float, logs: list[Path], pid: int | None = None) -> None:
     deadline = time.monotonic() + timeout
+    problem = f"not ready after {timeout:.0f} s"
     while time.monotonic() < deadline:
         if ok():
             return
+        if pid is not None and not _alive(pid):
+            problem = "exited before it was ready"
+            break
         time.sleep(0.5)
     tails = "\n".join(f"--- {p}\n" + "\n".join(p.read_text().splitlines()[-20:]) for p in logs if p.exists())
-    raise RuntimeError(f"{what} not ready after {timeout:.0f} s\n{tails}")
+    raise RuntimeError(f"{what} {problem}\n{tails}")
 
 
 def _quiet_ok(cmd: list[str]) -> bool:
@@ -200,13 +205,13 @@ def start(root: Path) -> Cluster:
                              f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/munged.seed",
                              f"--log-file={c.log('munged')}"])
         _wait("munged", lambda: _quiet_ok(["sh", "-c", f"munge -n -S {sock} | unmunge -S {sock}"]), DAEMON_START_S,
-              [c.log("munged"), c.log("munged.stdout")])
+              [c.log("munged"), c.log("munged.stdout")], c.pids["munged"])
         _spawn(c, "slurmctld", ["slurmctld", "-D", "-i"])
         _wait("slurmctld", lambda: _quiet_ok(["scontrol", "ping"]), DAEMON_START_S,
-              [c.log("slurmctld"), c.log("slurmctld.stdout")])
+              [c.log("slurmctld"), c.log("slurmctld.stdout")], c.pids["slurmctld"])
         _spawn(c, "slurmd", ["slurmd", "-D"])
         _wait("slurmd (node idle)", lambda: _node_state() == "idle", DAEMON_START_S,
-              [c.log("slurmd"), c.log("slurmd.stdout"), c.log("slurmctld")])
+              [c.log("slurmd"), c.log("slurmd.stdout"), c.log("slurmctld")], c.pids["slurmd"])
     except BaseException:
         stop(c)
         raise

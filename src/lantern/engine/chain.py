@@ -58,9 +58,6 @@ class Chain:
     def check(self, target: GPT) -> None:
         pass
 
-    def describe(self) -> str:
-        return f"chain (gamma {self.gamma})"
-
     def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
               generator: torch.Generator) -> ChainDraft:
         R, device = pred.shape[0], pred.device

@@ -35,9 +35,16 @@ def parse_dtype(name: str) -> torch.dtype:
 def parse_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {name!r} requested but CUDA is not available here; set device: cpu (or auto)")
-    return torch.device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                        "device(s); use cuda (or auto)")
+    return device
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from lantern.errors import UserError
-from lantern.io import save_torch
+from lantern.io import load_torch, save_torch
 from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
 
 FORMAT = "lantern-drafter-v1"
@@ -197,26 +197,43 @@ def save_drafter(path: str | Path, drafter: Drafter, params=None, **extra) -> No
     save_torch(obj, path)
 
 
-def load_drafter(path: str | Path, target: GPT) -> Drafter:
-    """A drafter for `target`, on its device and dtype; a drafter trained for another target is a UserError."""
-    from lantern.engine.checkpoint import read_checkpoint
-
-    obj = read_checkpoint(path)
-    if obj.get("format") != FORMAT:
+def read_drafter(path: str | Path, mmap: bool = False) -> dict:
+    """A drafter file's contents, checked to be one (format tag, its target's config, its weights)."""
+    obj = load_torch(path, "checkpoint", mmap=mmap)
+    if (obj.get("format") != FORMAT or not isinstance(obj.get("target_args"), dict)
+            or not isinstance(obj.get("drafter"), dict) or not isinstance(obj.get("options", {}), dict)):
         raise UserError(f"{path} is not a drafter checkpoint written by `lantern train-drafter` or `lantern convert`")
-    saved, have = obj["target_args"], target.args.to_dict()
+    return obj
+
+
+def check_drafter_target(obj: dict, target_args: dict, path) -> None:
+    """A drafter serves only the target it was trained for (same width, vocabulary, condition and token grid)."""
+    saved = obj["target_args"]
     for key in ("dim", "vocab_size", "model_type", "cls_token_num", "image_tokens"):
-        if saved.get(key) != have[key]:
+        if saved.get(key) != target_args[key]:
             raise UserError(
                 f"drafter {path} was trained for a target with {key}={saved.get(key)}, but this target has "
-                f"{key}={have[key]}; train a drafter for this target (`lantern train-drafter`)"
+                f"{key}={target_args[key]}; train a drafter for this target (`lantern train-drafter`)"
             )
+
+
+def load_drafter(path: str | Path, target: GPT) -> Drafter:
+    """A drafter for `target`, on its device and dtype; a drafter trained for another target is a UserError."""
+    obj = read_drafter(path)
+    check_drafter_target(obj, target.args.to_dict(), path)
+    saved = obj["target_args"]
     try:
         options = DrafterOptions(**obj.get("options", {}))
+        args = ModelArgs(**saved)
     except TypeError as e:
-        raise UserError(f"drafter {path} has unusable options ({e}); rewrite it with this version of lantern") from None
-    drafter = Drafter(ModelArgs(**saved), options)
-    missing = drafter.load_state_dict(obj["drafter"], strict=False).missing_keys
+        raise UserError(f"drafter {path} has an unusable config or options ({e}); rewrite it with this version of "
+                        "lantern") from None
+    drafter = Drafter(args, options)
+    try:
+        missing = drafter.load_state_dict(obj["drafter"], strict=False).missing_keys
+    except RuntimeError as e:  # a tensor of the wrong shape
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()[:200]
+        raise UserError(f"drafter {path} does not fit its own target config ({first}); rewrite it") from None
     lacking = [k for k in missing if k.startswith(drafter.stored)]
     if lacking:
         raise UserError(f"drafter {path} is incomplete: missing {', '.join(lacking)}")

@@ -70,7 +70,7 @@ def read_codebook(path: str | Path) -> Tensor:
     if not isinstance(obj, dict):
         obj = read_checkpoint(path)  # raises the one-line "not a state dict" error
     sd = extract_state_dict(obj, path)
-    if CODEBOOK_KEY not in sd:
+    if not isinstance(sd.get(CODEBOOK_KEY), torch.Tensor):
         raise UserError(f"{path} has no {CODEBOOK_KEY}; pass a VQ tokenizer checkpoint, not a GPT or drafter")
     cb = sd[CODEBOOK_KEY].float()
     if cb.ndim != 2 or cb.shape[0] < 2:
@@ -130,9 +130,10 @@ def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | No
     """The first k columns of a stored table [N, k], in its compact index dtype (int16 / int32: index with
     `.long()` rows, as acceptance.py does), after checking it belongs to `codebook`."""
     obj = load_torch(path, "neighbour table", "lantern neighbours")
-    if not isinstance(obj.get("meta"), dict) or obj["meta"].get("format") != FORMAT:
+    meta, table = obj.get("meta"), obj.get("neighbours")
+    if (not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(table, torch.Tensor)
+            or not all(key in meta for key in ("codebook_sha256", "k", "metric", "num_codes"))):
         raise UserError(f"{path} is not a neighbour table written by `lantern neighbours`")
-    meta, table = obj["meta"], obj["neighbours"]
     if meta["codebook_sha256"] != codebook_sha256(codebook):
         raise UserError(
             f"neighbour table {path} was built for another codebook (source {meta['source'] or 'unknown'}); "

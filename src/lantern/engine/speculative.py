@@ -31,27 +31,40 @@ from lantern.engine.stats import ImageStats, StepTimer, peak_memory, reset_peak_
 from lantern.errors import UserError
 
 
+class Drafts(Protocol):
+    """One round's drafts (a chain.ChainDraft, a trees.Draft): what the loop reads of them for stats and commit."""
+
+    drafter_passes: int  # drafter forwards beyond the catch-up one, which already predicts the first drafts
+    max_depth: int  # the deepest draft (a chain's length), stats.ImageStats.tree_depth
+
+    def tokens_at(self, path: list[int]) -> list[int]:
+        """The tokens of the drafts at `path` (indices into the drafts, as `Drafting.accept` returns them)."""
+
+
 class Drafting(Protocol):
     """A drafting kind: how one round drafts, verifies and accepts (a chain of gamma drafts, a static or dynamic tree)."""
 
     target_extra: int  # cache slots a verification writes past the committed prefix, beyond one per position
-    drafter_extra: int
+    drafter_extra: int  # cache slots the drafter's own passes write past its committed prefix
 
-    def to(self, device) -> "Drafting": ...
+    def to(self, device) -> "Drafting":
+        """The same kind with its precomputed tensors (a static tree's masks) on `device`."""
 
     def check(self, target: GPT) -> None:
         """One-line UserErrors before any decoding (a rank beyond the vocabulary, ...)."""
 
     def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
-              generator: torch.Generator):
+              generator: torch.Generator) -> Drafts:
         """Drafts below y from the drafter's predicted h_Q (pred [R, 1, d]); at most `left` deep."""
 
-    def verify(self, target: GPT, y: int, draft, Q: int) -> tuple[Tensor, Tensor]:
+    def verify(self, target: GPT, y: int, draft: Drafts, Q: int) -> tuple[Tensor, Tensor]:
         """One target forward over [y, drafts]: (logits, hidden) [R, 1 + drafts, ...]."""
 
-    def accept(self, logits: Tensor, draft, params: SamplingParams, n_done: int, table: Tensor | None,
+    def accept(self, logits: Tensor, draft: Drafts, params: SamplingParams, n_done: int, table: Tensor | None,
                rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        """(accepted drafts as rows of the verified sequence minus one, the next token's distribution)."""
+        """(the accepted path: indices of accepted drafts, root to leaf; the next token's distribution). Draft i
+        sits in row i + 1 of the verified sequence, so the rows [0] + [i + 1 for i in path] carry the true hidden
+        states the drafter catches up on."""
 
 
 def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,

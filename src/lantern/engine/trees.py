@@ -87,15 +87,9 @@ class Draft:
 
 
 class TreeRounds:
-    """The round of speculative.speculative_decode for draft trees: `grow` is the shape's own drafting."""
-
-    @property
-    def target_extra(self) -> int:
-        return self.max_nodes
-
-    @property
-    def drafter_extra(self) -> int:
-        return self.drafter_slots
+    """The round of speculative.speculative_decode for draft trees: `grow` is the shape's own drafting. A shape
+    names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
+    write)."""
 
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
@@ -177,11 +171,11 @@ class StaticTree(TreeRounds):
         return max(p[-1] for p in self.paths)
 
     @property
-    def drafter_slots(self) -> int:
+    def target_extra(self) -> int:
         return self.n
 
     @property
-    def max_nodes(self) -> int:
+    def drafter_extra(self) -> int:  # a runner's drafter pass writes slot Q + its node index
         return self.n
 
     def upto(self, depth: int) -> "StaticTree":
@@ -247,12 +241,12 @@ class DynamicTree(TreeRounds):
         return self.top_k - 1
 
     @property
-    def drafter_slots(self) -> int:
-        return self.depth * self.top_k
+    def target_extra(self) -> int:
+        return self.total_tokens - 1
 
     @property
-    def max_nodes(self) -> int:
-        return self.total_tokens - 1
+    def drafter_extra(self) -> int:  # expansion e writes its top_k frontier nodes to slots Q + (e - 1) top_k ..
+        return self.depth * self.top_k
 
     def to(self, device) -> "DynamicTree":
         return self
@@ -263,7 +257,7 @@ class DynamicTree(TreeRounds):
     def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
              max_depth: int, generator: torch.Generator) -> Draft:
         R, device = pred.shape[0], pred.device
-        k, m = self.top_k, self.drafter_slots
+        k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
         score, tok = q_root.log().topk(k)
         c_tok, c_score, c_parent, c_depth = [tok], [score], [torch.full((k,), -1, device=device)], [1] * k

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from lantern.errors import UserError
+from lantern.io import read_csv
 
 COLUMNS = ["world", "cfg_scale", "source", "top1", "entropy"]
 LABELLED = re.compile(r"^(\w[\w-]*)=(.+)$")
@@ -39,7 +40,7 @@ def read_steps(entries: list[str]) -> pd.DataFrame:
         world, path = (match.group(1), Path(match.group(2))) if match else (None, Path(entry))
         if not path.is_file():
             raise UserError(f"ambiguity: {path} does not exist; run the ambiguity rule first")
-        frames.append(pd.read_csv(path))
+        frames.append(read_csv(path, "ambiguity:", "rerun the ambiguity rule"))
         if world is not None:
             frames[-1]["world"] = world
         missing = [c for c in COLUMNS if c not in frames[-1].columns]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import UserError
+from lantern.io import read_csv
 from lantern.engine import methods
 from lantern.pipeline.tables import order_key
 
@@ -29,7 +30,7 @@ def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFra
     path = Path(tables) / name
     if not path.is_file():
         raise UserError(f"{path} does not exist; run `lantern tables` first")
-    df = pd.read_csv(path)
+    df = read_csv(path, "table", "rebuild it with `lantern tables`")
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise UserError(f"{path} lacks column(s) {', '.join(missing)}; rebuild it with this version of `lantern tables`")

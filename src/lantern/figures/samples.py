@@ -10,6 +10,7 @@ import pandas as pd
 from PIL import Image
 
 from lantern.errors import UserError
+from lantern.io import read_csv
 from lantern.figures.common import modes, pick, read_sweep, short_label
 
 
@@ -30,8 +31,10 @@ def class_labels(gen: Path, mode: str, point: str) -> dict[int, int | str]:
     """image index -> class id (c2i) or caption (t2i), from the point's stats.csv files (every point shares them)."""
     tables = []
     for f in sorted((gen / mode / point).glob("shard*/stats.csv")):
-        df = pd.read_csv(f)
+        df = read_csv(f, "stats table", "regenerate the shard with `lantern sample`")
         column = "caption" if "caption" in df.columns else "label"
+        if not {"image_index", column} <= set(df.columns):
+            raise UserError(f"stats table {f} lacks image_index or {column}; regenerate the shard with `lantern sample`")
         tables.append(df[["image_index", column]].set_axis(["image_index", "condition"], axis=1))
     return dict(pd.concat(tables).itertuples(index=False)) if tables else {}
 

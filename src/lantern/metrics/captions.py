@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import UserError
-from lantern.io import sha256_file
+from lantern.io import read_csv, sha256_file
 
 NAME_SOURCES = ("toy", "imagenet")  # or a file path
 
@@ -61,7 +61,7 @@ def read_captions(paths: list[str | os.PathLike], names_source: str = "toy") -> 
     for path in paths:
         if not os.path.isfile(path):
             raise UserError(f"captions table {path} does not exist")
-        df = pd.read_csv(path)
+        df = read_csv(path, "captions table", "give a CSV with image_index and caption or label columns")
         if "image_index" not in df.columns or not {"caption", "label"} & set(df.columns):
             raise UserError(f"captions table {path} needs an image_index column and a caption or label column")
         caption = df["caption"] if "caption" in df.columns else pd.Series(pd.NA, index=df.index)

@@ -18,8 +18,11 @@ from torch_fidelity.datasets import ImagesPathDataset, TransformPILtoRGBTensor
 from torch_fidelity.utils import glob_samples_paths
 
 from lantern.errors import UserError
+from lantern.io import check_image, image_error
 
 IMAGE_EXTS = "png,jpg,jpeg"  # matched case-insensitively (ImageNet's .JPEG included)
+# what PIL raises for a file it cannot decode (unknown format and truncation are OSErrors)
+BROKEN_IMAGE = (OSError, SyntaxError, Image.DecompressionBombError)
 RESIZE_FILTERS = {"lanczos": Image.Resampling.LANCZOS, "bicubic": Image.Resampling.BICUBIC,
                   "bilinear": Image.Resampling.BILINEAR}
 
@@ -77,6 +80,8 @@ class ImageSet:
             names += [os.path.relpath(f, folder) for f in found]
         if len(set(names)) != len(names):
             raise UserError(f"{what}: the same file name appears in two folders of {', '.join(map(str, folders))}")
+        for f in files:  # a broken file stops here, not in the middle of feature extraction
+            check_image(f, f"{what} file")
         return cls(", ".join(map(str, folders)), files=files, names=names)
 
     @classmethod
@@ -104,8 +109,11 @@ class ImageSet:
         """(width, height) of the first image."""
         if self.images is not None:
             return int(self.images.shape[-1]), int(self.images.shape[-2])
-        with Image.open(self.files[0]) as im:
-            return im.size
+        try:
+            with Image.open(self.files[0]) as im:
+                return im.size
+        except BROKEN_IMAGE as e:
+            raise image_error(self.files[0], e) from None
 
     def fingerprint(self) -> str:
         """Content hash: a cache keyed on it can never serve features of a different set."""
@@ -121,7 +129,7 @@ class ImageSet:
         """uint8 [3, H, W] items, as torch-fidelity wants them."""
         if self.images is not None:
             return _TensorImages(self.images, resolution, resize_filter)
-        return ImagesPathDataset(self.files, _transforms(resolution, resize_filter))
+        return _CheckedImagesPathDataset(self.files, _transforms(resolution, resize_filter))
 
     def indices(self) -> list[int]:
         """Image index of every file, from the digits of its name (`lantern sample` writes 000123.png)."""
@@ -144,6 +152,19 @@ class ImageSet:
         return torch.stack([read_image(f) for f in self.files[lo:hi]])
 
 
+class _CheckedImagesPathDataset(ImagesPathDataset):
+    """torch-fidelity's image files dataset, where a file that fails to decode is one UserError naming it."""
+
+    def __getitem__(self, i):
+        try:
+            return super().__getitem__(i)
+        except BROKEN_IMAGE as e:
+            raise image_error(self.files[i], e) from None
+
+
 def read_image(path: str | os.PathLike) -> torch.Tensor:
-    with Image.open(path) as im:
-        return TF.pil_to_tensor(im.convert("RGB"))
+    try:
+        with Image.open(path) as im:
+            return TF.pil_to_tensor(im.convert("RGB"))
+    except BROKEN_IMAGE as e:
+        raise image_error(path, e) from None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from lantern.errors import UserError
-from lantern.io import atomic_path, read_structured
+from lantern.io import atomic_path, read_csv, read_structured
 from lantern.params import params_from
 
 REQUIRED = ("method", "time_total_s")
@@ -36,7 +36,7 @@ def read_stats(paths: list[str | os.PathLike]) -> pd.DataFrame:
     for path in paths:
         if not os.path.isfile(path):
             raise UserError(f"stats table {path} does not exist (written by `lantern sample` as stats.csv)")
-        df = pd.read_csv(path)
+        df = read_csv(path, "stats table", "regenerate it with `lantern sample`")
         missing = [c for c in REQUIRED if c not in df.columns]
         if missing:
             raise UserError(f"stats table {path} lacks column(s) {missing}; is it a `lantern sample` stats.csv?")

@@ -54,6 +54,21 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
     return UserError(f"config: {where}: {err.message}")
 
 
+def _check_integers(node, schema: dict, path: tuple = ()) -> None:
+    """JSON Schema counts 4.0 as an integer; a config that writes a float where an integer belongs is a mistake
+    (a count or a size typed by hand, or a computed value), so it stops here with the integer to write."""
+    if isinstance(node, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in node:
+                _check_integers(node[key], sub, (*path, key))
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(node):
+            _check_integers(item, schema["items"], (*path, i))
+    elif isinstance(node, float) and schema.get("type") == "integer":
+        fix = f"write {int(node)}" if node.is_integer() else "write a whole number"
+        raise UserError(f"config: {_key(path)} = {node!r} must be an integer; {fix}")
+
+
 def codebook_size(cfg: dict) -> int:
     if cfg["world"] == "llamagen":  # read from the file (checked to exist before the methods are)
         from lantern.engine.neighbours import read_codebook
@@ -102,6 +117,9 @@ def _check_sweep(cfg: dict) -> None:
         raise UserError("config: sweep.methods is empty; list at least one method, e.g. - name: vanilla")
     if not sweep["modes"]:
         raise UserError("config: sweep.modes is empty; use [sampling], [greedy] or both")
+    twice = sorted({m for m in sweep["modes"] if sweep["modes"].count(m) > 1})
+    if twice:
+        raise UserError(f"config: sweep.modes lists {twice[0]} twice; list each mode once")
     if sweep["shards"] > sweep["n_images"]:
         raise UserError(f"config: sweep.shards = {sweep['shards']} is more than sweep.n_images = {sweep['n_images']}; "
                         "every shard needs an image: lower shards")
@@ -184,6 +202,32 @@ def _check_llamagen(cfg: dict) -> None:
                             f"{lg['model_type']} target; use layout: {want}")
 
 
+def _check_llamagen_checkpoints(cfg: dict) -> None:
+    """What the jobs would refuse in the llamagen world's files, found before any job: the GPT must be a LlamaGen GPT
+    that agrees with the llamagen keys and the VQ's codebook, and a drafter file must be a drafter for it. Only the
+    files' headers are read (the tensors stay on disk, memory-mapped); the VQ's codebook was read with the methods."""
+    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.engine.drafter import check_drafter_target, read_drafter
+    from lantern.io import load_torch
+
+    lg = cfg["llamagen"]
+    path = lg["gpt_ckpt"]
+    try:
+        obj = load_torch(path, "checkpoint", mmap=True)
+        args = target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
+    except UserError as e:
+        raise UserError(f"config: llamagen.gpt_ckpt: {e}") from None
+    codes = codebook_size(cfg)
+    if args.vocab_size != codes:
+        raise UserError(f"config: llamagen.gpt_ckpt {path} predicts {args.vocab_size} codes, but llamagen.vq_ckpt "
+                        f"{lg['vq_ckpt']} has a codebook of {codes}; give the VQ the GPT was trained with")
+    if drafter_source(cfg) == "file" and any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
+        try:
+            check_drafter_target(read_drafter(lg["drafter_ckpt"], mmap=True), args.to_dict(), lg["drafter_ckpt"])
+        except UserError as e:
+            raise UserError(f"config: llamagen.drafter_ckpt: {e}") from None
+
+
 def _check_paths(cfg: dict) -> None:
     if cfg["metrics"]["fid_extractor"] == "clip" and cfg["metrics"]["clip_model"] != "toy":
         raise UserError("config: metrics.fid_extractor = clip uses the toy CLIP's image tower; with a published CLIP "
@@ -224,9 +268,12 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise _schema_error(jsonschema.exceptions.best_match(errors))
+    _check_integers(cfg, schema)
     _fill_llamagen(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
+    if cfg["world"] == "llamagen":
+        _check_llamagen_checkpoints(cfg)
     return cfg
 
 
@@ -290,12 +337,19 @@ def main(argv: list[str]) -> None:
         else (argv, [])
     if not files:
         raise UserError("usage: lantern check-config config/config.yaml [override.yaml ...] [--config key=value ...]")
+    if "--config" in argv and not overrides:
+        raise UserError("--config needs at least one key=value (as snakemake's --config does); drop the flag or "
+                        "add an override")
     merged: dict = {}
     for path in files:
+        if Path(path).is_dir():
+            raise UserError(f"config file {path} is not a file but a folder; give the YAML file")
         if not Path(path).is_file():
             raise UserError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError:
+            raise UserError(f"config file {path} is not UTF-8 text; save it as UTF-8") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

@@ -29,6 +29,7 @@ from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, read_structured, sha256_file, write_json
+from lantern.params import params_from
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
 
@@ -207,10 +208,7 @@ def main(argv: list[str]) -> None:
         raise UserError(f"need 0 <= --start < --end, got {a.start} and {a.end}")
     method = normalize(read_structured(a.method, "--method"), "--method")
     sampling = read_structured(a.sampling, "--sampling")
-    try:
-        params = SamplingParams(**{**sampling, **(GREEDY if a.mode == "greedy" else {})})
-    except TypeError as e:
-        raise UserError(f"--sampling has an unknown key: {e}") from None
+    params = params_from({**sampling, **(GREEDY if a.mode == "greedy" else {})}, SamplingParams, "--sampling.")
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = parse_device(a.device)
@@ -224,6 +222,9 @@ def main(argv: list[str]) -> None:
     decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec)
     condition = Conditions(a, decoder.target)
     vq = load_vq(a.vq, device=str(device))
+    if decoder.target.args.vocab_size > vq.args.codebook_size:
+        raise UserError(f"--target {a.target} predicts {decoder.target.args.vocab_size} codes, but --vq {a.vq} decodes "
+                        f"{vq.args.codebook_size}; give the VQ the target was trained with")
 
     out, partial = Path(a.out), Path(f"{a.out}.partial")
     resume_or_restart(partial, job_identity(a))

@@ -24,7 +24,7 @@ import pandas as pd
 
 from lantern.engine import methods
 from lantern.errors import UserError
-from lantern.io import atomic_path, read_structured
+from lantern.io import atomic_path, read_csv, read_structured
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
@@ -53,11 +53,20 @@ def read_shard(shard: Path) -> tuple[pd.DataFrame, dict]:
     for name in ("stats.csv", "manifest.json"):
         if not (shard / name).is_file():
             raise UserError(f"shard {shard} has no {name}; pass finished shard folders written by `lantern sample`")
-    stats = pd.read_csv(shard / "stats.csv", converters={c: str for c in LIST_COLUMNS}, keep_default_na=True)
+    stats = read_csv(shard / "stats.csv", "stats table", "regenerate the shard with `lantern sample`",
+                     converters={c: str for c in LIST_COLUMNS}, keep_default_na=True)
     missing = [c for c in STATS_REQUIRED if c not in stats.columns]
     if missing:
         raise UserError(f"{shard / 'stats.csv'} lacks column(s) {', '.join(missing)}; regenerate it with `lantern sample`")
-    return stats, json.loads((shard / "manifest.json").read_text())
+    try:
+        manifest = json.loads((shard / "manifest.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{shard / 'manifest.json'} is not valid JSON ({type(e).__name__}); regenerate the shard "
+                        "with `lantern sample`") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("method"), dict):
+        raise UserError(f"{shard / 'manifest.json'} is not a `lantern sample` manifest (no method); regenerate the "
+                        "shard")
+    return stats, manifest
 
 
 def mode_point(path: Path, depth: int) -> tuple[str, str]:
@@ -162,9 +171,12 @@ def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
         if not path.is_file():
             raise UserError(f"metrics file {path} does not exist; run the metrics rule for it or drop it")
         try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"metrics file {path} is not valid JSON ({e}); rerun its metrics job") from None
+        if not isinstance(values, dict):
+            raise UserError(f"metrics file {path} holds a {type(values).__name__}, not a metrics row; rerun its "
+                            "metrics job")
         out[mode_point(path, 0)] = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
     return out
 

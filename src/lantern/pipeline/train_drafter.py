@@ -98,10 +98,7 @@ def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
     from lantern.engine.generate import generate
     from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 
-    try:
-        params = SamplingParams(**sampling)
-    except TypeError as e:
-        raise UserError(f"drafter self_sampling has an unknown key: {e}") from None
+    params = params_from(sampling, SamplingParams, "drafter self_sampling.")
     out = []
     device = target.output.weight.device
     for lo in tqdm(range(0, len(cond), batch), desc="self-generate", mininterval=2.0):

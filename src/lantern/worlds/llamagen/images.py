@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from lantern.errors import UserError
-from lantern.io import save_torch
+from lantern.io import check_image, image_error, save_torch
 from lantern.worlds.llamagen.prompts import write_prompts
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".tif", ".tiff"}
@@ -95,8 +95,8 @@ def load_image(path: Path, size: int) -> torch.Tensor:
     try:
         with Image.open(path) as im:
             image = center_crop(im.convert("RGB"), size)
-    except (OSError, ValueError) as e:
-        raise UserError(f"image {path} is unreadable ({type(e).__name__}); remove or replace it") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise image_error(path, e) from None
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 127.5 - 1
 
 
@@ -151,6 +151,8 @@ def main(argv: list[str]) -> None:
     if not paths:
         raise UserError(f"--images {root} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     lo, hi = shard_range(a.start, a.end, len(paths), root)
+    for p in paths[lo:hi]:  # a broken file stops the job here, not after part of the shard was encoded
+        check_image(root / p, "--images file")
     vq = load_vq(a.vq, device=str(parse_device(a.device)))
     if a.image_size < 1 or a.image_size % vq.args.downsample:
         raise UserError(f"--image-size {a.image_size} must be a positive multiple of the VQ's downsampling {vq.args.downsample}")

@@ -83,6 +83,8 @@ def read_user_prompts(path: str | Path, flag: str = "--file") -> list[tuple[str,
         rows = _read_jsonl(path, where) if path.suffix in (".jsonl", ".json") else _read_csv(path, where)
     except UnicodeDecodeError:
         raise UserError(f"{where} is not UTF-8 text; save it as UTF-8") from None
+    except csv.Error as e:
+        raise UserError(f"{where} is not a readable CSV ({e}); save it as a CSV of id,caption") from None
     return _checked(rows, where)
 
 
@@ -134,13 +136,19 @@ def read_prompts(path: str | Path, flag: str = "--prompts") -> list[tuple[str, s
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{flag} {path} does not exist; write it with `lantern prompts`")
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
-    if not set(COLUMNS) <= set(header):
-        raise UserError(f"{flag} {path} is not a prompt table (header {','.join(header) or 'empty'}, needs "
-                        f"{' and '.join(COLUMNS)}); write it with `lantern prompts`")
     where = f"{flag} {path}"
-    return _checked(_read_csv(path, where), where)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+        if not set(COLUMNS) <= set(header):
+            raise UserError(f"{where} is not a prompt table (header {','.join(header) or 'empty'}, needs "
+                            f"{' and '.join(COLUMNS)}); write it with `lantern prompts`")
+        rows = _read_csv(path, where)
+    except UnicodeDecodeError:
+        raise UserError(f"{where} is not UTF-8 text; write it with `lantern prompts`") from None
+    except csv.Error as e:
+        raise UserError(f"{where} is not a readable CSV ({e}); write it with `lantern prompts`") from None
+    return _checked(rows, where)
 
 
 def main(argv: list[str]) -> None:
