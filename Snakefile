@@ -18,6 +18,7 @@ include: "workflow/rules/generate.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/proximity.smk"
 
 
 localrules:
@@ -25,6 +26,7 @@ localrules:
     figure,
     figure_samples,
     figure_ambiguity,
+    figure_proximity,
 
 
 rule all:

@@ -28,13 +28,20 @@ def sweep(tmp_path_factory):
                            torch.rand(20, 16, generator=gen) * 4 / (a * cfg), torch.arange(20) % 4)
                  for cfg in (1.0, 2.0) for source in ("samples", "heldout")]
         pd.concat(steps).to_csv(root / f"ambiguity_{world}.csv", index=False)
+    # a `lantern proximity` table: the shift grows with the fraction replaced, faster for farther codes
+    pd.DataFrame([{"world": "toy-default", "fraction": f, "m": m, "fd": f * s, "fd_noise_halves": 0.02,
+                   "feature_cosine": 1 - f * s, "psnr": 40 - 20 * f * s if f else float("inf"), "n_images": 100,
+                   "extractor": "toyclip", "strip_fraction": 0.25}
+                  for f in (0.0, 0.25, 1.0) for m, s in (("1", 0.01), ("50", 0.2), ("random", 0.5))]
+                 ).to_csv(root / "proximity.csv", index=False)
     return root
 
 
 def args_for(name, root):
     extra = {"samples": ["--gen", str(root / "gen"), "--mode", "sampling"],
              "ambiguity": ["--ambiguity", f"default={root / 'ambiguity_default.csv'}",
-                           f"clean={root / 'ambiguity_clean.csv'}"]}
+                           f"clean={root / 'ambiguity_clean.csv'}"],
+             "proximity": ["--proximity", str(root / "proximity.csv")]}
     return ["--tables", str(root / "tables"), *extra.get(name, [])]
 
 

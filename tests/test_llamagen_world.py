@@ -46,6 +46,8 @@ def overlay(world: dict, model_type: str) -> dict:
         ]},
         "metrics": {"reference": world["reference"], "inception_weights": world["inception"], "vgg16_weights": "",
                     "clip_model": "toy", "clip_ckpt": ""},
+        # the proximity check end to end on the vanilla point's tokens, at the smallest size that shows a shift
+        "proximity": {"fractions": [0.5], "ranks": [1, "random"]},
     }
 
 

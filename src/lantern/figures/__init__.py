@@ -1,7 +1,7 @@
 """`lantern figure NAME`: one paper figure from the tidy tables (`lantern tables`), drawn in the shared style.
 
-Figures read only the tables under --tables (and the ambiguity dump for `ambiguity`); `samples` also reads the
-generated PNGs under --gen. Each figure lives in its own module with a `Params` dataclass (set via --params) and
+Figures read only the tables under --tables (and the ambiguity dump for `ambiguity`, the `lantern proximity` CSVs
+and image strips for `proximity`); `samples` also reads the generated PNGs under --gen. Each figure lives in its own module with a `Params` dataclass (set via --params) and
 `plot(inputs, params) -> Figure`.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from lantern.errors import UserError
 from lantern.io import read_structured
 
-FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "samples", "acceptance_map"]
+FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "samples", "acceptance_map", "proximity"]
 
 
 @dataclass
@@ -24,6 +24,8 @@ class Inputs:
     gen: Path | None = None
     ambiguity: list[str] = field(default_factory=list)  # WORLD=FILE or FILE
     mode: str | None = None
+    proximity: list[str] = field(default_factory=list)  # `lantern proximity` CSVs
+    strips: list[str] = field(default_factory=list)  # WORLD=PNG strips of `lantern proximity`
 
 
 def parse_params(cls, text: str | None):
@@ -43,6 +45,8 @@ def parse_args(argv):
     ap.add_argument("--ambiguity", nargs="+", default=[], metavar="WORLD=FILE",
                     help="per-step ambiguity files (`lantern ambiguity --steps-out`), each named by its world")
     ap.add_argument("--mode", help="draw one decoding mode only (greedy or sampling)")
+    ap.add_argument("--proximity", nargs="+", default=[], help="`lantern proximity` CSVs (proximity only)")
+    ap.add_argument("--strip", nargs="+", default=[], metavar="WORLD=PNG", help="their image strips (proximity only)")
     ap.add_argument("--style", help="matplotlib style file (default: the package's lantern.mplstyle)")
     ap.add_argument("--params", help="figure parameters (JSON/YAML or file)")
     ap.add_argument("--out", required=True, help="output image (.png, .pdf or .svg)")
@@ -57,7 +61,7 @@ def main(argv: list[str]) -> None:
     module = importlib.import_module(f"{__name__}.{a.name}")
     params = parse_params(module.Params, a.params)
     inputs = Inputs(Path(a.tables) if a.tables else None, Path(a.gen) if a.gen else None,
-                    a.ambiguity, a.mode)
+                    a.ambiguity, a.mode, a.proximity, a.strip)
     style.use(a.style)
     fig = module.plot(inputs, params)
     style.save(fig, a.out)

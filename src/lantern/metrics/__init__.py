@@ -9,4 +9,6 @@ captions.py  captions per image: stats.csv captions, or class labels named by th
 train_clip.py  `lantern train-clip`: the toy world's small CLIP (open_clip classes, ClipLoss)
 speed.py     tau, forwards, latency, throughput, memory, speed-up from `lantern sample` stats (`lantern speed`)
 evaluate.py  `lantern evaluate`: one metrics row per sweep point
+proximity.py `lantern proximity`: latent proximity (LANTERN Fig. 3): decodes with tokens swapped for their m-th
+             nearest codebook neighbour, scored against the unmodified decodes
 """

@@ -131,6 +131,14 @@ def _build(extractor: str, weights_path: str, key: str, metric: str):
         raise UserError(f"cannot load {extractor} weights from {weights_path} ({key}): {first}") from None
 
 
+def fid_feature_extractor(extractor: str, weights_path: str, key: str = "fidelity.weights_path"):
+    """(net, weights sha256): the FID extractor as a module, uint8 [B, 3, H, W] -> (features [B, d],), for stages
+    that need per-image features rather than set statistics (`lantern proximity`)."""
+    _ensure_registered(extractor)
+    sha = check_weights(extractor, weights_path, key)
+    return _build(extractor, weights_path, key, "fid"), sha
+
+
 def _check_statistics_dim(reference: FidStatistics, extractor: str, net) -> None:
     with torch.no_grad():
         dim = net(net.get_dummy_input_for_compile())[0].shape[1]

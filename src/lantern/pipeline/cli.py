@@ -16,6 +16,7 @@ COMMANDS = {
     "tokenize": "lantern.worlds.toy.tokenize",
     "train-gpt": "lantern.worlds.toy.train_gpt",
     "ambiguity": "lantern.metrics.ambiguity",
+    "proximity": "lantern.metrics.proximity",
     "neighbours": "lantern.engine.neighbours",
     "methods": "lantern.engine.methods",
     "train-drafter": "lantern.pipeline.train_drafter",

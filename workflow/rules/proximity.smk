@@ -1,0 +1,107 @@
+# LANTERN's premise (its Fig. 3): codes near each other in the VQ latent space are interchangeable. `lantern
+# proximity` replaces a fraction of held-out tokens by their m-th nearest neighbour, decodes them with the VQ and
+# scores the shift with the run's FD extractor. Toy world: every toy world's held-out split (its own VQ and
+# neighbour table); llamagen: the tokens of the vanilla sweep point (real images may be given only as FID
+# statistics, while the vanilla samples exist in every run).
+PROXIMITY = config["proximity"]
+PROXIMITY_NAMES = [f"toy-{w}" for w in WORLDS] if TOY else ["llamagen"]
+# the sweep's own table when it holds every rank, else one with enough columns (the same rules build either)
+PROXIMITY_K = max([config["neighbours"]["max_k"]] + [m for m in PROXIMITY["ranks"] if m != "random"])
+PROXIMITY_FIDELITY = evaluate_params(config, clip_ckpt())["fidelity"]
+
+
+def proximity_outputs():
+    if not PROXIMITY["enabled"]:
+        return []
+    return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
+
+
+def proximity_token_shards():
+    """The vanilla point's shards (sampling mode when swept), else the first point's: their stats.csv hold tokens."""
+    point = "vanilla" if "vanilla" in POINTS else next(iter(POINTS))
+    mode = "sampling" if "sampling" in MODES else MODES[0]
+    return expand(f"{OUT}/gen/{mode}/{point}/shard{{j}}", j=SHARDS)
+
+
+def proximity_inputs(wildcards):
+    metric = config["neighbours"]["metric"]
+    if wildcards.name == "llamagen":
+        inputs = {"vq": vq_ckpt(), "neighbours": f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt",
+                  "tokens": proximity_token_shards()}
+    else:
+        world = wildcards.name.removeprefix("toy-")
+        table = (f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt" if world == "default"
+                 else f"{OUT}/toy/{world}/neighbours/{metric}_K{PROXIMITY_K}.pt")
+        inputs = {"vq": toy_model(world, "vq"), "neighbours": table, "tokens": f"{OUT}/toy/{world}/data/val_tokens.pt"}
+    if PROXIMITY_FIDELITY["weights_path"]:
+        inputs["extractor"] = PROXIMITY_FIDELITY["weights_path"]
+    return inputs
+
+
+def proximity_tokens(wildcards, input):
+    if wildcards.name == "llamagen":
+        return " ".join(shlex.quote(f"{shard}/stats.csv") for shard in input.tokens)
+    return shlex.quote(input.tokens)
+
+
+rule proximity:
+    input:
+        unpack(proximity_inputs),
+    output:
+        table=f"{OUT}/proximity/{{name}}.csv",
+        strip=report(f"{OUT}/proximity/{{name}}_strip.png", category="Latent proximity",
+                     caption="../report/proximity.rst", labels={"world": "{name}"}),
+    log:
+        f"{OUT}/logs/proximity/{{name}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/proximity/{{name}}.tsv"
+    wildcard_constraints:
+        name="|".join(PROXIMITY_NAMES),
+    threads: 2
+    params:
+        tokens=proximity_tokens,
+        fidelity=as_arg(PROXIMITY_FIDELITY),
+        p=as_arg({k: v for k, v in PROXIMITY.items() if k != "enabled"}),
+        device=config["device"],
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern-gpu-run lantern proximity --vq {input.vq:q} --neighbours {input.neighbours:q} --tokens {params.tokens}"
+        " --fidelity {params.fidelity} --params {params.p} --world {wildcards.name} --out {output.table:q}"
+        " --strip {output.strip:q} --device {params.device} --threads {threads} > {log:q} 2>&1"
+
+
+# A toy world other than the default has its own VQ, hence its own table (the sweep's is the default VQ's).
+rule proximity_neighbours:
+    input:
+        vq=lambda w: toy_model(w.world, "vq"),
+    output:
+        f"{OUT}/toy/{{world}}/neighbours/{{metric}}_K{{max_k}}.pt",
+    log:
+        f"{OUT}/logs/proximity/neighbours_{{world}}_{{metric}}_K{{max_k}}.log",
+    params:
+        p=lambda w: as_arg({"metric": w.metric, "k": int(w.max_k)}),
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern neighbours --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
+
+
+rule figure_proximity:
+    input:
+        tables=expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES),
+        strips=expand(f"{OUT}/proximity/{{name}}_strip.png", name=PROXIMITY_NAMES),
+        style=STYLE,
+    output:
+        report(f"{OUT}/figures/proximity.png", category="Figures", caption="../report/proximity.rst",
+               labels={"figure": "proximity"}),
+    log:
+        f"{OUT}/logs/figures/proximity.log",
+    params:
+        tables=lambda w, input: " ".join(map(shlex.quote, input.tables)),
+        strips=lambda w, input: " ".join(shlex.quote(f"{n}={s}") for n, s in zip(PROXIMITY_NAMES, input.strips)),
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern figure proximity --proximity {params.tables} --strip {params.strips} --style {input.style:q}"
+        " --out {output:q} > {log:q} 2>&1"
