@@ -1,5 +1,3 @@
-import itertools
-
 import pytest
 import torch
 
@@ -7,11 +5,11 @@ from lantern.engine.acceptance import AcceptRule
 from lantern.engine.drafter import Drafter, save_drafter
 from lantern.errors import UserError
 from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
+from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine import methods
 from lantern.engine.chain import Chain
 from lantern.engine.speculative import generate as spec_generate, speculative_decode
-from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,17 +54,6 @@ def test_stats_account_for_every_token(trained):
         assert s.time_draft_s > 0 and s.time_verify_s > 0 and s.time_other_s > 0
 
 
-def exact_joint(target, label, params, V, N):
-    """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))
-    n = len(seqs)
-    cond = torch.cat([torch.full((n,), label), torch.full((n,), target.args.num_classes)])
-    with torch.no_grad():
-        logits, _ = target(cond, torch.cat([seqs, seqs])[:, :-1])
-    probs = torch.stack([logits_to_probs(mix_cfg(logits[:, j], params, j), params) for j in range(N)], 1)
-    return seqs, probs.gather(2, seqs[:, :, None])[:, :, 0].double().prod(1)
-
-
 @pytest.mark.parametrize("V, top_k, n", [
     (3, 2, 700),
     pytest.param(4, 3, 3000, marks=pytest.mark.slow),
@@ -88,15 +75,7 @@ def test_exact_sampling_reproduces_the_target_distribution(V, top_k, n):
         accepted += s.accepted_total
         rejected += sum(a < 3 for a in s.accepted_per_step)
     assert accepted > n / 6 and rejected > n / 6  # both paths ran often
-    assert counts[joint == 0].sum() == 0  # nothing outside the top-k support
-    big, small = joint * n >= 5, (joint > 0) & (joint * n < 5)  # small cells pooled into one
-    expected, observed = joint[big] * n, counts[big]
-    if small.any():
-        expected = torch.cat([expected, (joint[small] * n).sum().view(1)])
-        observed = torch.cat([observed, counts[small].sum().view(1)])
-    stat = ((observed - expected) ** 2 / expected).sum()
-    pvalue = torch.special.gammaincc(torch.tensor((len(expected) - 1) / 2, dtype=torch.float64), stat / 2).item()
-    assert pvalue > 1e-3
+    assert chi_square_pvalue(joint, counts, n) > 1e-3  # and nothing outside the top-k support
 
 
 @pytest.mark.parametrize("greedy", [True, False])

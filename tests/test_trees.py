@@ -1,5 +1,3 @@
-import itertools
-
 import pytest
 import torch
 
@@ -7,7 +5,7 @@ from lantern.engine.acceptance import AcceptRule, accept_probability, after_reje
 from lantern.engine.drafter import Drafter, target_states
 from lantern.errors import UserError
 from lantern.engine.generate import decode_one_token, generate, prefill
-from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg, row_probs
+from lantern.engine.sampling import SamplingParams, image_generator, row_probs
 from lantern.engine.chain import Chain
 from lantern.engine.methods import drafting, normalize
 from lantern.engine.speculative import generate as spec_generate, speculative_decode
@@ -15,7 +13,7 @@ from lantern.pipeline.tables import accepted_mask
 from lantern.engine.trees import (
     Draft, DynamicTree, StaticTree, static_tree, validate_tree_paths, verify_tree,
 )
-from tiny import gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -256,27 +254,6 @@ def test_drafter_tree_passes_match_uncached_drafter(trained):
 
 
 # -- sampling: exact trees reproduce the target, relaxed trees stay within delta ------------------------------------
-def exact_joint(target, label, params, V, N):
-    """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))
-    n = len(seqs)
-    cond = torch.cat([torch.full((n,), label), torch.full((n,), target.args.num_classes)])
-    with torch.no_grad():
-        logits, _ = target(cond, torch.cat([seqs, seqs])[:, :-1])
-    probs = torch.stack([logits_to_probs(mix_cfg(logits[:, j], params, j), params) for j in range(N)], 1)
-    return seqs, probs.gather(2, seqs[:, :, None])[:, :, 0].double().prod(1)
-
-
-def chi2_pvalue(counts, expected_p, n):
-    big, small = expected_p * n >= 5, (expected_p > 0) & (expected_p * n < 5)  # small cells pooled into one
-    expected, observed = expected_p[big] * n, counts[big]
-    if small.any():
-        expected = torch.cat([expected, (expected_p[small] * n).sum().view(1)])
-        observed = torch.cat([observed, counts[small].sum().view(1)])
-    stat = ((observed - expected) ** 2 / expected).sum()
-    return torch.special.gammaincc(torch.tensor((len(expected) - 1) / 2, dtype=torch.float64), stat / 2).item()
-
-
 @pytest.mark.parametrize("kind, n", [
     ("static", 700),
     ("dynamic", 700),
@@ -302,7 +279,7 @@ def test_exact_tree_sampling_reproduces_the_target_distribution(kind, n):
         rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
     assert accepted > n / 6 and rejected > n / 6  # both paths ran often
     assert counts[joint == 0].sum() == 0  # nothing outside the top-k support
-    assert chi2_pvalue(counts, joint, n) > 1e-3
+    assert chi_square_pvalue(joint, counts, n) > 1e-3
 
 
 def emitted_siblings(p, cands, table, rule):
@@ -345,7 +322,7 @@ def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
         tokens, _ = speculative_decode(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
         counts[tokens[0], tokens[1]] += 1
     assert counts[expected == 0].sum() == 0  # e.g. the aggregated neighbours of a rejected draft
-    assert chi2_pvalue(counts.flatten(), expected.flatten(), n) > 1e-3
+    assert chi_square_pvalue(expected.flatten(), counts.flatten(), n) > 1e-3
 
 
 # -- routing from a sweep method ----------------------------------------------------------------------------------

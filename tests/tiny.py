@@ -1,9 +1,12 @@
-"""Tiny targets and drafters for the decoding tests (test_drafter, test_speculative, test_trees)."""
+"""Tiny targets and drafters for the decoding tests (test_drafter, test_speculative, test_trees, test_jacobi), and
+the exact joint distribution and chi-square test their exactness checks share."""
+import itertools
+
 import pytest
 import torch
 
 from lantern.pipeline.train_drafter import DrafterParams, self_generate, train_drafter
-from lantern.engine.sampling import image_generator
+from lantern.engine.sampling import image_generator, logits_to_probs, mix_cfg
 from lantern.engine.model import GPT, ModelArgs
 
 
@@ -36,6 +39,30 @@ def save_world(root, target):
     torch.manual_seed(0)
     save_checkpoint(root / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
     return root
+
+
+def exact_joint(target, label, params, V, N):
+    """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))
+    n = len(seqs)
+    cond = torch.cat([torch.full((n,), label), torch.full((n,), target.args.num_classes)])
+    with torch.no_grad():
+        logits, _ = target(cond, torch.cat([seqs, seqs])[:, :-1])
+    probs = torch.stack([logits_to_probs(mix_cfg(logits[:, j], params, j), params) for j in range(N)], 1)
+    return seqs, probs.gather(2, seqs[:, :, None])[:, :, 0].double().prod(1)
+
+
+def chi_square_pvalue(joint, counts, n: int) -> float:
+    """p-value of observed sequence counts against the exact joint probabilities (cells expecting fewer than 5
+    pooled into one); nothing may land outside the support."""
+    assert counts[joint == 0].sum() == 0
+    big, small = joint * n >= 5, (joint > 0) & (joint * n < 5)
+    expected, observed = joint[big] * n, counts[big]
+    if small.any():
+        expected = torch.cat([expected, (joint[small] * n).sum().view(1)])
+        observed = torch.cat([observed, counts[small].sum().view(1)])
+    stat = ((observed - expected) ** 2 / expected).sum()
+    return torch.special.gammaincc(torch.tensor((len(expected) - 1) / 2, dtype=torch.float64), stat / 2).item()
 
 
 def gens(n, seed=0):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
                             validate_config)
-from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes
+from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
 
 
@@ -85,7 +85,7 @@ def all_outputs():
     outputs = [f"{OUT}/tables/summary.md"] + figure_outputs()
     if TOY:
         outputs += expand(f"{OUT}/toy/{{world}}/ambiguity.csv", world=WORLDS)
-    return outputs
+    return outputs + proximity_outputs()  # proximity.smk
 
 
 # --- generation (generate.smk) ---
@@ -133,7 +133,7 @@ def reference_images():
 STYLE = f"{workflow.basedir}/src/lantern/figures/lantern.mplstyle"
 HAS_LANTERN = any("delta" in relaxation_axes(p["name"]) for p in POINTS.values())  # the figures' default x axis
 HAS_TREES = any(p.get("drafting") in ("static", "dynamic") for p in POINTS.values())
-HAS_DRAFTS = any(needs_drafter(p) for p in POINTS.values())
+HAS_DRAFTS = any(speculative(p) for p in POINTS.values())
 TABLE_FIGURES = ["tradeoff"] + ["tau_vs_delta", "heatmap"] * HAS_LANTERN + ["tree_depth"] * HAS_TREES
 TABLE_FIGURES += ["acceptance_map"] * HAS_DRAFTS
 

@@ -22,12 +22,16 @@ Residual after rejecting x:
   sampled drafts (their static tree): nearest[x, :k + 1] leave q' (the drafter distribution without the earlier
   siblings), not p, and the residual is norm(max(p - q', 0)), so those neighbours keep all their target mass.
   A residual left with no mass becomes uniform. Siblings get no shared budget; delta is absolute per draft.
+
+Rules with a verification of their own (LANTERN-TV in retarget.py, Cool-SD and GSD in peers.py) come as an
+AcceptRule whose `impl` implements greedy_accept / accept_probability / residual / verify_candidates; the four
+functions here hand such a rule over to it, so chain.py and trees.py stay unaware of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -47,8 +51,12 @@ class AcceptRule:
     residual: str = "bounded"
     # A registered family's own rule (engine/methods.py): p(x) -> the neighbour mass x may claim.
     bound_fn: Callable[[Tensor], Tensor] | None = None
+    # A rule with its own verification (retarget.py, peers.py); kind is then its name and only k is read here.
+    impl: Any = None
 
     def __post_init__(self):
+        if self.impl is not None:
+            return
         if self.kind not in KINDS and self.bound_fn is None:
             raise UserError(f"acceptance kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
         if self.residual not in RESIDUALS:
@@ -72,6 +80,8 @@ class AcceptRule:
     @property
     def relaxed(self) -> bool:
         """False when the rule reduces to exact decoding (k = 0, delta = 0 or lam = 1)."""
+        if self.impl is not None:
+            return self.impl.relaxed
         if self.kind == "exact" or self.k == 0:
             return False
         if self.bound_fn is not None:
@@ -81,11 +91,15 @@ class AcceptRule:
     @property
     def table_width(self) -> int:
         """Neighbour-table columns the rule reads (the reference residual zeroes k + 1 of them)."""
+        if self.impl is not None:
+            return self.impl.table_width
         if not self.relaxed:
             return 0
         return self.k + 1 if self.residual == "reference" else self.k
 
     def describe(self) -> str:
+        if self.impl is not None:
+            return self.impl.describe()
         if not self.relaxed:
             return "exact"
         bound = ("" if self.bound_fn is not None else
@@ -120,6 +134,8 @@ def relaxed_mass(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule, b
 
 def greedy_accept(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule) -> Tensor:
     """Greedy verification, batched: x is accepted iff it is the argmax of p with p(x) replaced by p~(x)."""
+    if rule.impl is not None:
+        return rule.impl.greedy_accept(p, x, table)
     c, _ = relaxed_mass(p, x, table, rule)
     boosted = p.scatter_add(-1, x.unsqueeze(-1), c.unsqueeze(-1))
     return boosted.argmax(-1) == x
@@ -132,6 +148,8 @@ def accept_probability(
 
     A sampled draft has q(x) > 0 by construction; accept iff a uniform u in [0, 1) is < the probability.
     """
+    if rule.impl is not None:
+        return rule.impl.accept_probability(p, q, x, table)
     c, m = relaxed_mass(p, x, table, rule, budget)
     qx = 1.0 if q is None else _take(q, x)
     return ((_take(p, x) + c) / qx).clamp(max=1.0), c, m
@@ -139,6 +157,8 @@ def accept_probability(
 
 def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
     """The distribution to sample from after rejecting draft x (1-D p, q; m = m* of that draft)."""
+    if rule.impl is not None:
+        return rule.impl.residual(p, q, x, m, table)
     if rule.residual == "reference":
         return reference_residual(p, q, x, m, table, rule)
     r = p.clone() if q is None else (p - q).clamp(min=0.0)
@@ -206,6 +226,7 @@ def verify_candidates(
     table: Tensor | None,
     rule: AcceptRule,
     uniforms: list[float],
+    depth: int = 0,
 ) -> tuple[int, Tensor]:
     """Try sibling drafts at one position in order (multi-candidate verification, method.md section 2).
 
@@ -213,8 +234,11 @@ def verify_candidates(
     candidates were drawn from q without replacement in this order: candidate j is tried with its conditional
     draft probability, and after a rejection p becomes the residual and q loses x (renormalised).
     Returns (index of the accepted candidate or -1, the target after the rejected tries); when none is accepted
-    the correction token is drawn from the returned distribution.
+    the correction token is drawn from the returned distribution. `depth`: the candidates' index in the round
+    (0 for the root's children), read by rules that anneal over it (Cool-SD).
     """
+    if rule.impl is not None:
+        return rule.impl.verify_candidates(p, q, candidates, table, uniforms, depth)
     budget = sibling_budget(q, rule)
     for j, x in enumerate(candidates):
         a, c, m = accept_probability(p, q, torch.tensor(x, device=p.device), table, rule, budget)

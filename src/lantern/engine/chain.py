@@ -5,9 +5,7 @@ drafter its own predicted hidden state; every x_i is drawn from the drafter's CF
 processed distribution q_i (argmax under greedy).
 verify: one target forward over [y, x_1..x_g] at positions Q..Q+g (slots Q..Q+g: the accepted prefix already sits
 where it belongs, nothing to move).
-accept: the longest prefix the rule allows: greedy tests all positions at once (acceptance.greedy_accept); sampling
-draws one uniform per tried position, stops at the first rejection and names the residual there, or the target's
-distribution after x_g when all pass.
+accept: `verify_chain`, the longest prefix the rule allows (also Jacobi decoding's verification).
 """
 
 from __future__ import annotations
@@ -82,17 +80,32 @@ class Chain:
 
     def accept(self, logits: Tensor, draft: ChainDraft, params: SamplingParams, n_done: int, table: Tensor | None,
                rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        g = len(draft.tokens)
-        P = torch.stack([row_probs(logits[:, j], params, n_done + j) for j in range(g + 1)])
-        X = torch.tensor(draft.tokens, device=logits.device)
-        if params.greedy:
-            ok = greedy_accept(P[:g], X, table, rule).tolist()
-            a = ok.index(False) if False in ok else g
-            return list(range(a)), P[a]
-        A, _, M = accept_probability(P[:g], torch.stack(draft.q), X, table, rule)
-        a = 0
-        while a < g and torch.rand((), generator=generator, dtype=torch.float64).item() < A[a].item():
-            a += 1
-        if a < g:
-            return list(range(a)), residual(P[a], draft.q[a], draft.tokens[a], int(M[a]), table, rule)
-        return list(range(g)), P[g]
+        a, p = verify_chain(chain_probs(logits, params, n_done), draft.q, draft.tokens, params, table, rule, generator)
+        return list(range(a)), p
+
+
+def chain_probs(logits: Tensor, params: SamplingParams, n_done: int) -> Tensor:
+    """[g + 1, V]: the target's processed distribution at each verified position (logits [R, g + 1, V], rows
+    CFG-mixed), the first being that of image token n_done."""
+    return torch.stack([row_probs(logits[:, j], params, n_done + j) for j in range(logits.shape[1])])
+
+
+def verify_chain(P: Tensor, q: list[Tensor], tokens: list[int], params: SamplingParams, table: Tensor | None,
+                 rule: AcceptRule, generator: torch.Generator) -> tuple[int, Tensor]:
+    """(accepted prefix length a, the next token's distribution) for drafts x_1..x_g drawn from q_1..q_g, against
+    the target's P [g + 1, V]: greedy tests all positions at once; sampling draws one uniform per tried position,
+    stops at the first rejection and returns the residual there, or P[g] when all pass. Shared by the EAGLE chain
+    and by Jacobi decoding (jacobi.py), whose drafts are the target's own earlier guesses."""
+    g = len(tokens)
+    X = torch.tensor(tokens, device=P.device)
+    if params.greedy:
+        ok = greedy_accept(P[:g], X, table, rule).tolist()
+        a = ok.index(False) if False in ok else g
+        return a, P[a]
+    A, _, M = accept_probability(P[:g], torch.stack(q), X, table, rule)
+    a = 0
+    while a < g and torch.rand((), generator=generator, dtype=torch.float64).item() < A[a].item():
+        a += 1
+    if a < g:
+        return a, residual(P[a], q[a], tokens[a], int(M[a]), table, rule)
+    return g, P[g]

@@ -106,13 +106,15 @@ class Family:
 
 @dataclass(frozen=True)
 class Drafting:
-    """A drafting kind: its parameters and the round object the speculative loop drives (chain or tree)."""
+    """A drafting kind: its parameters and the round object its decoder drives (chain or tree rounds of the
+    speculative loop; Jacobi windows of jacobi.py, where the target drafts for itself: `drafter` False)."""
 
     name: str
     label: str
     doc: str
     params: tuple[Param, ...]
     build: Callable[[dict], Any]
+    drafter: bool = True
 
 
 # -- the parameters ---------------------------------------------------------------------------------------------
@@ -134,8 +136,19 @@ TOTAL_TOKENS = Param("total_tokens", "dynamic tree: nodes kept, the root include
                      tag="n", named="custom")
 DEPTH = Param("depth", "dynamic tree: expansions after the root's children", kind="int", default=4, low=1,
               tag="depth", named="custom")
+WINDOW = Param("window", "Jacobi: window tokens verified per target forward (SJD's L)", kind="int", default=16, low=1,
+               tag="w", symbol="L")
 TOP_K = Param("top_k", "dynamic tree: children offered per expanded node", kind="int", default=10, low=1, tag="top",
               named="custom")
+SCALE = Param("scale", "Cool-SD acceptance weight of a round's first draft: w_i = scale exp(-nu i - mu)", low=0.0,
+              low_open=True, tag="s", symbol="w", relaxation=True, hint="scale 1 with nu = mu = 0 is exact decoding")
+NU = Param("nu", "Cool-SD annealing rate per draft index i within a round", default=0.0, low=0.0, tag="nu",
+           symbol="ν", relaxation=True)
+MU = Param("mu", "Cool-SD offset of the annealed weight's exponent", default=0.0, tag="mu", symbol="μ", relaxation=True)
+GROUP = Param("group", "GSD: ranks of the target's probability order in a draft's cluster window (the authors' 14; "
+              "1 is exact)", kind="int", default=14, low=1, tag="G", relaxation=True)
+GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors' 0.15; 0 is exact)", default=0.15,
+            low=0.0, high=1.0, tag="gap", relaxation=True)
 
 
 def _check_tree(value, where: str):
@@ -161,6 +174,15 @@ def _rule(kind: str, *keys: str):
     return make
 
 
+def _own(module: str, name: str):
+    """A family's rule builder from its own module (retarget.py, peers.py), imported when a decoder is built."""
+    def make(spec: dict):
+        import importlib
+
+        return getattr(importlib.import_module(f"lantern.engine.{module}"), name)(spec)
+    return make
+
+
 def _chain(spec: dict):
     from lantern.engine.chain import Chain
 
@@ -171,6 +193,12 @@ def _static(spec: dict):
     from lantern.engine.trees import static_tree
 
     return static_tree(spec["tree"], spec.get("gamma", GAMMA.default))
+
+
+def _jacobi(spec: dict):
+    from lantern.engine.jacobi import Jacobi
+
+    return Jacobi(spec["window"])
 
 
 def _dynamic(spec: dict):
@@ -198,9 +226,17 @@ for _entry in (
            (DELTA, K, RESIDUAL), make_rule=_rule("lantern", "delta", "k", "residual")),
     Family("lanternpp", "LANTERN++", "relaxed acceptance with the relative bound p~(x) <= lam p(x)",
            (LAM, K, RESIDUAL), make_rule=_rule("lanternpp", "lam", "k", "residual")),
+    Family("lanterntv", "LANTERN-TV", "relaxed acceptance toward one relaxed target per position, chosen before the "
+           "draft: TV <= delta per step for sampled drafts too", (DELTA, K), make_rule=_own("retarget", "lanterntv_rule")),
+    Family("coolsd", "Cool-SD", "annealed relaxed acceptance min(1, w_i p(x)/q(x)), w_i = scale exp(-nu i - mu) over "
+           "the draft index i in a round", (SCALE, NU, MU), make_rule=_own("peers", "coolsd_rule")),
+    Family("gsd", "GSD", "grouped acceptance p(C(x))/q(C(x)) over rank-near latent neighbours of x",
+           (GROUP, K, GAP), make_rule=_own("peers", "gsd_rule")),
     Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain),
     Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
+    Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
+             "no drafter", (WINDOW,), _jacobi, drafter=False),
 ):
     register(_entry)
 
@@ -302,7 +338,7 @@ def expand(entries: list[dict], seed: int, control_seed: int | None = None, cont
         for values in itertools.product(*(spec[k] for k in axes)):
             point = {**spec, **dict(zip(axes, values)), "seed": spec.get("seed", seed)}
             named = [(point_name(point), point)]
-            if not needs_drafter(point) and control_seed is not None:
+            if not speculative(point) and control_seed is not None:
                 named.append((f"{point_name(point)}-control", {**point, "seed": control_seed}))
             for name, s in named:
                 if name in points:
@@ -334,8 +370,12 @@ def point_name(spec: dict) -> str:
 
 
 # -- what the workflow, tables and figures ask --------------------------------------------------------------------
-def needs_drafter(spec: dict) -> bool:
+def speculative(spec: dict) -> bool:
     return FAMILIES[spec["name"]].speculative
+
+
+def needs_drafter(spec: dict) -> bool:
+    return speculative(spec) and DRAFTINGS[spec.get("drafting", "chain")].drafter
 
 
 def needs_neighbours(spec: dict) -> bool:
@@ -436,15 +476,12 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
     """(cond, generator, cond_mask) -> (tokens [N], ImageStats) for a speculative point (`lantern sample`)."""
     import torch
 
-    from lantern.engine.drafter import load_drafter
     from lantern.engine.neighbours import load_neighbours, read_codebook
-    from lantern.engine.speculative import speculative_decode
 
     spec = normalize(spec)
     accept, draft = rule(spec), drafting(spec)
-    if not drafter_path:
-        raise UserError(f"method {spec['name']} needs a drafter checkpoint (--drafter)")
-    drafter = load_drafter(drafter_path, target)
+    if needs_drafter(spec) and not drafter_path:
+        raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter checkpoint (--drafter)")
     table = None
     if accept.relaxed:
         if not neighbours_path or not vq_path:
@@ -454,12 +491,22 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
                             f"{target.args.vocab_size}")
         table = table.to(device)
+    if needs_drafter(spec):
+        from lantern.engine.drafter import load_drafter
+        from lantern.engine.speculative import speculative_decode
+
+        drafter = load_drafter(drafter_path, target)
+        decode = partial(speculative_decode, target, drafter)
+    else:
+        from lantern.engine.jacobi import jacobi_decode
+
+        decode = partial(jacobi_decode, target)
 
     def run(cond, generator, cond_mask=None):
         """cond: a class id, or caption features [1, T, C] with their mask [1, T]."""
         if isinstance(cond, int):
             cond = torch.tensor([cond], device=device)
-        return speculative_decode(target, drafter, cond, params, accept, draft, generator, table, cond_mask)
+        return decode(cond, params, accept, draft, generator, table, cond_mask)
 
     return run
 

@@ -27,7 +27,7 @@ from lantern.engine.drafter import Drafter
 from lantern.engine.generate import cfg_rows
 from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, pick, row_probs
-from lantern.engine.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
+from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
 from lantern.errors import UserError
 
 
@@ -67,19 +67,23 @@ class Drafting(Protocol):
         states the drafter catches up on."""
 
 
-def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,
-                        generator: torch.Generator, timer: StepTimer, cond_mask: Tensor | None = None,
-                        target_extra: int = 0, drafter_extra: int = 0) -> tuple[int, int, Tensor, Tensor]:
-    """Both caches set up (`*_extra` slots for tree nodes), the target run over the condition, the first image
-    token drawn. Returns the number of rows R, that token, and the drafter's pending catch-up inputs: embeddings of
-    positions t + 1 and the target's hidden h_t."""
+def check_one_image(cond: Tensor, rule: AcceptRule, table: Tensor | None) -> None:
+    if cond.shape[0] != 1:
+        raise ValueError(f"speculative decoders take one image at a time, got a batch of {cond.shape[0]}")
+    if rule.relaxed and (table is None or table.shape[1] < rule.table_width):
+        raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
+
+
+def target_prefill(target: GPT, cond: Tensor, params: SamplingParams, generator: torch.Generator, timer: StepTimer,
+                   cond_mask: Tensor | None = None, target_extra: int = 0):
+    """The target's cache set up (`target_extra` slots for tree nodes), the target run over the condition and the
+    first image token drawn. Returns (first token, condition embeddings, their hidden states, the rows' mask); the
+    rows are the CFG rows (cfg_rows). Shared by every speculative decoder (drafter-based ones and Jacobi decoding)."""
     device = target.output.weight.device
     T = target.args.cls_token_num
     rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
-    R = rows.shape[0]
     with timer.section("other"):
-        target.setup_cache(R, extra=target_extra)
-        drafter.setup_cache(R, extra=drafter_extra, cond_mask=rows_mask)
+        target.setup_cache(rows.shape[0], extra=target_extra)
     with timer.section("verify"):
         if rows_mask is not None:
             target.set_cond_mask(rows_mask)
@@ -88,8 +92,20 @@ def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: Sam
         logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
     with timer.section("other"):
         first = pick(row_probs(logits[:, -1], params, 0), params, generator)
+    return first, cond_emb, hidden, rows_mask
+
+
+def speculative_prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,
+                        generator: torch.Generator, timer: StepTimer, cond_mask: Tensor | None = None,
+                        target_extra: int = 0, drafter_extra: int = 0) -> tuple[int, int, Tensor, Tensor]:
+    """`target_prefill`, and the drafter's cache (`drafter_extra` slots) set up. Returns the number of rows R, the
+    first token, and the drafter's pending catch-up inputs: embeddings of positions t + 1 and the target's hidden h_t."""
+    first, cond_emb, hidden, rows_mask = target_prefill(target, cond, params, generator, timer, cond_mask, target_extra)
+    R = cond_emb.shape[0]
+    with timer.section("other"):
+        drafter.setup_cache(R, extra=drafter_extra, cond_mask=rows_mask)
     # The drafter reads its own embedding (a converted authors' drafter carries one) and its own condition inputs.
-    first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
+    first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=cond_emb.device))[:, None]
     return R, first, torch.cat([drafter.cond_inputs(cond_emb), first_emb], 1), hidden
 
 
@@ -106,10 +122,7 @@ def speculative_decode(
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, ImageStats]:
     """Decode one image (cond [1] or [1, T, C]); returns its tokens [N] and stats."""
-    if cond.shape[0] != 1:
-        raise ValueError(f"speculative_decode takes one image at a time, got a batch of {cond.shape[0]}")
-    if rule.relaxed and (table is None or table.shape[1] < rule.table_width):
-        raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
+    check_one_image(cond, rule, table)
     drafting.check(target)
     N, T = target.args.image_tokens, target.args.cls_token_num
     device = target.output.weight.device
@@ -151,12 +164,7 @@ def speculative_decode(
 
     target.clear_cache()
     drafter.clear_cache()
-    stats.accepted_total = sum(stats.accepted_per_step)
-    stats.time_draft_s = timer.seconds.get("draft", 0.0)
-    stats.time_verify_s = timer.seconds.get("verify", 0.0)
-    stats.time_other_s = timer.seconds.get("other", 0.0)
-    stats.peak_mem_bytes = peak_memory(device)
-    return torch.tensor(tokens, device=device), stats
+    return torch.tensor(tokens, device=device), stats.finish(timer)
 
 
 def decode_each(decode_image, cond: Tensor, generators: list[torch.Generator], cond_mask: Tensor | None = None):

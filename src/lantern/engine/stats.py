@@ -62,6 +62,15 @@ class ImageStats:
     def time_total_s(self) -> float:
         return self.time_draft_s + self.time_verify_s + self.time_other_s
 
+    def finish(self, timer: StepTimer) -> "ImageStats":
+        """The totals of a speculative decode: accepted drafts, the timer's sections, peak memory."""
+        self.accepted_total = sum(self.accepted_per_step)
+        self.time_draft_s = timer.seconds.get("draft", 0.0)
+        self.time_verify_s = timer.seconds.get("verify", 0.0)
+        self.time_other_s = timer.seconds.get("other", 0.0)
+        self.peak_mem_bytes = peak_memory(timer.device)
+        return self
+
     def row(self) -> dict:
         d = asdict(self)
         for key in ("accepted_per_step", "tree_depth"):

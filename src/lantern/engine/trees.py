@@ -398,7 +398,7 @@ def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRu
             return path, p
         u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
         q = None if draft.q is None else draft.q[draft.q_row[node + 1]]
-        j, p = verify_candidates(p, q, [tokens[c] for c in cands], table, rule, u)
+        j, p = verify_candidates(p, q, [tokens[c] for c in cands], table, rule, u, len(path))
         if j < 0:
             return path, p
         node = cands[j]

@@ -90,7 +90,7 @@ def select_points(df: pd.DataFrame, with_vanilla: bool = True) -> list[str]:
     weakest and strongest relaxation at its largest k."""
     rows = sorted((r for _, r in df.iterrows()), key=order_key)
     relaxed = lambda r: bool(methods.relaxation_axes(r["name"]))  # noqa: E731
-    picked = [r["point"] for r in rows if not relaxed(r) and (with_vanilla or methods.needs_drafter(r))]
+    picked = [r["point"] for r in rows if not relaxed(r) and (with_vanilla or methods.speculative(r))]
     groups: dict[tuple, list] = {}
     for r in rows:
         if relaxed(r):

@@ -24,7 +24,7 @@ from PIL import Image
 
 from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
-from lantern.engine.methods import build_decoder, needs_drafter, normalize
+from lantern.engine.methods import build_decoder, normalize, speculative
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
@@ -74,7 +74,7 @@ class Decoder:
         # spec only when given: upstream files need one, ours carry their args
         self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
         self.reference = self._vanilla
-        if needs_drafter(method):
+        if speculative(method):
             self.run = build_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, device)
         else:
             self.run = self._vanilla

@@ -147,7 +147,9 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     if any(a.size for a in drafted):
         row["tree_depth_mean"] = np.concatenate(drafted).mean()
     sampling = manifest.get("sampling", {})
-    row.update({k: sampling.get(k) for k in ("cfg_scale", "temperature", "top_k", "top_p")})
+    # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
+    row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
+                "sampling_top_k": sampling.get("top_k"), "sampling_top_p": sampling.get("top_p")})
     env = manifest.get("environment", {})
     row["device"] = env.get("gpu") or env.get("device")
     row["git_commit"] = env.get("git_commit")

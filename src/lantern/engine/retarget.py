@@ -1,0 +1,143 @@
+"""LANTERN-TV: a relaxed rule whose per-step TV bound holds for sampled drafts too (this project's own rule).
+
+Bounded LANTERN verifies draft x toward p~_x, a relaxed target that depends on x itself; with drafts sampled from
+q every x in q's support borrows up to delta on its own, so the emitted marginal can leave p by more than delta
+(acceptance.py's docstring, tests/test_acceptance.py). LANTERN-TV instead fixes ONE relaxed target per verified
+position before looking at the draft, p~ = retarget(p, q, table, k, delta), and runs exact speculative sampling
+toward it: accept x with min(1, p~(x) / q(x)), on rejection sample norm(max(p~ - q, 0)). Exact SD emits its target
+exactly, so the emitted token's distribution is p~, and TV(p~, p) <= delta by construction. Siblings in a tree:
+p~ from the node's (p, q), then acceptance.verify_candidates' exact sibling verification toward p~.
+
+retarget's invariants (tests/test_rules_tv.py):
+- mass moves only along latent-neighbour edges, a -> b with b among a's k nearest codes or a among b's;
+- only out of codes with p > q (surplus, at most p - q each) into codes with q > p (deficit, at most q - p each),
+  so no code both gives and takes, p~ >= 0, sum p~ = 1, and TV(p~, p) = the total moved <= delta;
+- it optimises the overlap sum_v min(p~(v), q(v)) = sum_v min(p(v), q(v)) + the total moved, i.e. the exact-SD
+  acceptance rate toward p~. A maximum flow would move the most; this is ROUNDS rounds of a vectorised
+  proportional allocation (each surplus code offers its surplus to its neighbouring deficits in proportion to
+  their deficits, each deficit takes at most its deficit, and the round's flow is scaled into the budget left),
+  each round feasible, so the result is feasible and usually near the maximum, not provably equal to it.
+Cost per position: O(V k) gathers and scatter-adds (ROUNDS of them); no loop over codes.
+
+Deterministic drafts (q None: greedy chains, EAGLE-2 / greedy trees), whose tokens are a function of the drafter
+alone: q is taken as the indicator of the candidates (the point mass on x for a chain), so p~ moves up to delta of
+neighbour mass onto the candidate set. Greedy: x passes iff x = argmax p~; a rejection emits argmax p. Either way
+the token emitted is the argmax of a distribution within TV delta of p. delta = 0 or k = 0 is exact decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lantern.engine.acceptance import AcceptRule, verify_candidates
+
+ROUNDS = 3
+
+
+def neighbour_edges(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(src, dst) of the symmetric neighbour graph: a -> table[a, j] and back, j < k (2 V k edges)."""
+    V = table.shape[0]
+    a = torch.arange(V, device=table.device).repeat_interleave(k)
+    b = table[:, :k].reshape(-1).long()
+    return torch.cat([a, b]), torch.cat([b, a])
+
+
+def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: int = ROUNDS) -> Tensor:
+    """p~ [..., V]: p with at most delta of mass moved along neighbour edges from p > q codes to q > p codes."""
+    if k == 0 or delta <= 0:
+        return p
+    shape, V, dtype = p.shape, p.shape[-1], p.dtype
+    # float64 inside: float32 sums over 16384 codes drift by ~1e-5, the order of a small delta's last digit
+    p2, q2 = p.reshape(-1, V).double(), q.reshape(-1, V).double()
+    B = p2.shape[0]
+    src, dst = neighbour_edges(table, k)
+    # one flat index space over the batch (row b's code v is b V + v): 1-D gathers and scatter-adds are the fast path
+    base = (torch.arange(B, device=p.device) * V).unsqueeze(-1)
+    src, dst = (base + src).reshape(-1), (base + dst).reshape(-1)
+    row = torch.arange(B, device=p.device).repeat_interleave(src.numel() // B)
+    give = (p2 - q2).clamp(min=0.0).reshape(-1)
+    take = (q2 - p2).clamp(min=0.0).reshape(-1)
+    budget = torch.full((B,), float(delta), dtype=torch.float64, device=p.device)
+    moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(give)
+    for _ in range(rounds):
+        want = take.index_select(0, dst)  # each edge's sink deficit
+        demand = torch.zeros_like(give).index_add_(0, src, want).index_select(0, src)  # around the edge's source
+        # a source offers its surplus to its neighbouring sinks in proportion to their deficits: sum <= give
+        offer = give.index_select(0, src) * want / demand.clamp(min=1e-300)
+        offer = torch.where(demand > 0, offer, torch.zeros_like(offer))
+        got = torch.zeros_like(give).index_add_(0, dst, offer)
+        fill = torch.where(got > take, take / got.clamp(min=1e-300), torch.ones_like(got))
+        flow = offer * fill.index_select(0, dst)  # a sink takes at most its deficit
+        total = torch.zeros_like(budget).index_add_(0, row, flow)
+        scale = torch.where(total > budget, budget / total.clamp(min=1e-300), torch.ones_like(total))
+        flow = flow * scale.index_select(0, row)
+        out = torch.zeros_like(give).index_add_(0, src, flow)
+        inn = torch.zeros_like(give).index_add_(0, dst, flow)
+        moved_out += out
+        moved_in += inn
+        give = (give - out).clamp(min=0.0)
+        take = (take - inn).clamp(min=0.0)
+        budget = (budget - total * scale).clamp(min=0.0)
+    return ((p2.reshape(-1) - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
+
+
+def _indicator(p: Tensor, x: Tensor | list[int]) -> Tensor:
+    q = torch.zeros_like(p)
+    x = torch.as_tensor(x, device=p.device)
+    return q.scatter(-1, x.reshape(*p.shape[:-1], -1) if p.dim() > 1 else x.reshape(-1), 1.0)
+
+
+@dataclass(frozen=True)
+class RetargetRule:
+    """LANTERN-TV's verification (AcceptRule.impl)."""
+
+    delta: float
+    k: int
+    name: str = "lanterntv"
+
+    @property
+    def relaxed(self) -> bool:
+        return self.k > 0 and self.delta > 0
+
+    @property
+    def table_width(self) -> int:
+        return self.k if self.relaxed else 0
+
+    def describe(self) -> str:
+        return f"lanterntv(delta={self.delta:g}, k={self.k})" if self.relaxed else "exact"
+
+    def target(self, p: Tensor, q: Tensor, table: Tensor | None) -> Tensor:
+        if not self.relaxed:
+            return p
+        if table is None or table.shape[-1] < self.k:
+            raise ValueError(f"{self.describe()} needs a neighbour table with >= {self.k} columns")
+        return retarget(p, q, table, self.k, self.delta)
+
+    def greedy_accept(self, p: Tensor, x: Tensor, table: Tensor | None) -> Tensor:
+        return self.target(p, _indicator(p, x), table).argmax(-1) == x
+
+    def accept_probability(self, p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None):
+        q = _indicator(p, x) if q is None else q
+        pt = self.target(p, q, table)
+        take = lambda d: d.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # noqa: E731
+        zeros = torch.zeros(x.shape, dtype=p.dtype, device=p.device)
+        return (take(pt) / take(q)).clamp(max=1.0), zeros, torch.zeros_like(x)
+
+    def residual(self, p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None) -> Tensor:
+        q = _indicator(p, [x]) if q is None else q
+        pt = self.target(p, q, table)
+        r = (pt - q).clamp(min=0.0)
+        r[x] = 0.0  # a rejection means p~(x) < q(x); this keeps rounding from reviving x
+        total = r.sum()
+        return r / total if total > 0 else pt / pt.sum()
+
+    def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
+        pt = self.target(p, _indicator(p, candidates) if q is None else q, table)
+        return verify_candidates(pt, q, candidates, None, AcceptRule("exact"), uniforms)
+
+
+def lanterntv_rule(spec: dict) -> AcceptRule:
+    return AcceptRule("lanterntv", k=spec["k"], impl=RetargetRule(spec["delta"], spec["k"]))

@@ -1,0 +1,181 @@
+"""LANTERN-TV (engine/retarget.py): one relaxed target per position, TV <= delta for sampled drafts too.
+
+Exact emitted distributions come from enumerating drafts (test_acceptance's helpers); the sampling path is checked
+by chi-square against p~, and TV(emitted, p) <= delta is checked on cases where bounded LANTERN breaks it."""
+
+import time
+
+import pytest
+import torch
+
+from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
+from lantern.engine.methods import normalize, rule as build_rule
+from lantern.engine.retarget import RetargetRule, neighbour_edges, retarget
+from lantern.engine.sampling import sample_index
+from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
+
+
+def tv_rule(delta, k):
+    return build_rule(normalize({"name": "lanterntv", "delta": delta, "k": k}))
+
+
+def overlap(a, b):
+    return torch.minimum(a, b).sum().item()
+
+
+def block_table(V, blocks):
+    """Every code's nearest codes are those of its own block (in index order), then the rest."""
+    rows = []
+    for i in range(V):
+        b = i * blocks // V
+        same = [j for j in range(V) if j != i and j * blocks // V == b]
+        rows.append(same + [j for j in range(V) if j * blocks // V != b])
+    return torch.tensor(rows)
+
+
+def escape_case():
+    """test_acceptance's case where bounded LANTERN emits TV 0.1 at delta 0.01 with sampled drafts."""
+    p = torch.cat([torch.full((10,), 0.01, dtype=F64), torch.full((10,), 0.09, dtype=F64)])
+    q = torch.cat([torch.full((10,), 0.1, dtype=F64), torch.zeros(10, dtype=F64)])
+    table = torch.stack([
+        torch.tensor([(i + 1) % 10] + [j for j in range(20) if j not in (i, (i + 1) % 10)]) if i < 10
+        else torch.tensor([j for j in range(20) if j != i]) for i in range(20)
+    ])
+    return p, q, table
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_retarget_keeps_its_invariants(seed):
+    g = torch.Generator().manual_seed(seed)
+    V, k, delta = 12, 2, [0.05, 0.2, 0.6][seed % 3]
+    p, q, table = rand_dist(g, V), rand_dist(g, V, zeros=seed % 3), block_table(V, 3)
+    pt = retarget(p, q, table, k, delta)
+    assert pt.min() >= 0 and pt.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert tv(pt, p) <= delta + 1e-12
+    # mass leaves only p > q codes, arrives only at q > p codes, and never crosses a block (no edge crosses one)
+    assert ((pt < p - 1e-15) <= (p > q)).all() and ((pt > p + 1e-15) <= (q > p)).all()
+    for b in range(3):
+        assert pt[4 * b: 4 * b + 4].sum().item() == pytest.approx(p[4 * b: 4 * b + 4].sum().item(), abs=1e-12)
+    # what it optimises: the overlap with q grows by exactly the mass moved
+    assert overlap(pt, q) == pytest.approx(overlap(p, q) + tv(pt, p), abs=1e-12)
+    assert overlap(pt, q) >= overlap(p, q)
+
+
+def test_retarget_spends_the_budget_or_the_capacity_by_hand():
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=F64)
+    q = torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=F64)
+    table = torch.tensor([[2, 1, 3], [3, 0, 2], [0, 1, 3], [1, 0, 2]])  # 0 <-> 2 and 1 <-> 3 at k = 1
+    assert retarget(p, q, table, 1, 0.3).tolist() == pytest.approx([0.35, 0.35, 0.15, 0.15])
+    assert retarget(p, q, table, 1, 1.0).tolist() == pytest.approx([0, 0, 0.5, 0.5])
+    # a code listed only in the other's row still takes (edges run both ways): 3 lists 1 first, 1 does not list 3
+    table = torch.tensor([[2, 1, 3], [0, 2, 3], [0, 1, 3], [1, 0, 2]])
+    assert retarget(p, q, table, 1, 1.0).tolist() == pytest.approx([0, 0, 0.5, 0.5])
+    src, dst = neighbour_edges(table, 1)
+    assert sorted(zip(src.tolist(), dst.tolist())) == sorted([(0, 2), (1, 0), (2, 0), (3, 1), (2, 0), (0, 1),
+                                                               (0, 2), (1, 3)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_drafts_emit_the_relaxed_target_within_delta(seed):
+    g = torch.Generator().manual_seed(seed)
+    V, k, delta = 10, 3, 0.15
+    p, q, table = rand_dist(g, V), rand_dist(g, V, zeros=2), rand_table(g, V)
+    E = emitted_chain(p, q, table, tv_rule(delta, k))
+    assert E.tolist() == pytest.approx(retarget(p, q, table, k, delta).tolist(), abs=1e-12)
+    assert tv(E, p) <= delta + 1e-12
+
+
+def test_where_bounded_lantern_escapes_the_bound_lanterntv_does_not():
+    p, q, table = escape_case()
+    assert tv(emitted_chain(p, q, table, AcceptRule("lantern", delta=0.01, k=1)), p) == pytest.approx(0.1)
+    E = emitted_chain(p, q, table, tv_rule(0.01, 1))
+    assert tv(E, p) == pytest.approx(0.01)  # the budget is spent, and no more
+    # with a budget the neighbourhood cannot fill, lanterntv is still a valid distribution that moves <= delta
+    E = emitted_chain(p, q, table, tv_rule(0.5, 1))
+    assert E.sum().item() == pytest.approx(1.0) and tv(E, p) <= 0.5 + 1e-12
+
+
+def test_sampling_path_chi_square_matches_the_relaxed_target_and_stays_within_delta():
+    g = torch.Generator().manual_seed(11)
+    p, q, table = escape_case()
+    rule, n = tv_rule(0.05, 2), 6000
+    counts = torch.zeros_like(p)
+    for _ in range(n):
+        x = sample_index(q, g)
+        a, _, m = accept_probability(p, q, torch.tensor(x), table, rule)
+        y = x if torch.rand((), generator=g, dtype=F64).item() < a.item() else sample_index(
+            residual(p, q, x, int(m), table, rule), g)
+        counts[y] += 1
+    pt = retarget(p, q, table, 2, 0.05)
+    assert chi_square_pvalue(counts, pt) > 1e-3
+    assert chi_square_pvalue(counts, p) < 1e-6  # it is relaxed: p itself is rejected
+    assert tv(pt, p) <= 0.05 + 1e-12
+
+
+def test_sibling_verification_emits_the_relaxed_target():
+    """Static trees (candidates drawn from q without replacement) and deterministic top-k siblings (q None)."""
+    g = torch.Generator().manual_seed(3)
+    V, k, delta, n = 8, 2, 0.2, 5000
+    p, q, table = rand_dist(g, V), rand_dist(g, V), rand_table(g, V)
+    rule = tv_rule(delta, k)
+    counts = torch.zeros_like(p)
+    for _ in range(n):
+        cands = torch.multinomial(q.float(), 3, replacement=False, generator=g).tolist()
+        u = torch.rand(3, generator=g, dtype=F64).tolist()
+        j, r = verify_candidates(p, q, cands, table, rule, u)
+        counts[cands[j] if j >= 0 else sample_index(r, g)] += 1
+    assert chi_square_pvalue(counts, retarget(p, q, table, k, delta)) > 1e-3
+    # deterministic siblings (q None): p~ moves mass onto the candidate set and is emitted exactly
+    cands, indicator = [0, 3], torch.zeros_like(p)
+    indicator[cands] = 1.0
+    pt = retarget(p, indicator, table, k, delta)
+    assert pt[cands].sum() > p[cands].sum() and tv(pt, p) <= delta + 1e-12
+    counts = torch.zeros_like(p)
+    for _ in range(n):
+        j, r = verify_candidates(p, None, cands, table, rule, torch.rand(2, generator=g, dtype=F64).tolist())
+        counts[cands[j] if j >= 0 else sample_index(r, g)] += 1
+    assert chi_square_pvalue(counts, pt) > 1e-3
+
+
+def test_greedy_target_is_the_point_mass_retarget():
+    p = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.10], dtype=F64)
+    table = torch.tensor([[1, 2, 3, 4], [2, 0, 3, 4], [1, 3, 0, 4], [2, 4, 0, 1], [3, 2, 0, 1]])
+    x = torch.tensor([1, 1, 2, 4])
+    P = p.expand(4, -1)
+    # x = 1 takes up to delta from 0 and 2 (its neighbours at k = 1, both ways): 0.25 + 0.06 beats 0.30 - 0.036
+    assert greedy_accept(P, x, table, tv_rule(0.06, 1)).tolist() == [True, True, False, False]
+    assert greedy_accept(P, x, table, tv_rule(0.01, 1)).tolist() == [False] * 4
+    assert greedy_accept(P[:1], torch.tensor([0]), table, tv_rule(0.0, 1)).tolist() == [True]
+
+
+@pytest.mark.parametrize("delta, k", [(0.0, 3), (0.3, 0)])
+def test_no_relaxation_is_exact_decoding(delta, k):
+    g = torch.Generator().manual_seed(1)
+    p, q = rand_dist(g, 9), rand_dist(g, 9)
+    rule, exact = tv_rule(delta, k), AcceptRule("exact")
+    assert not rule.relaxed and rule.describe() == "exact" and rule.table_width == 0
+    X = torch.arange(9)
+    assert accept_probability(p.expand(9, -1), q.expand(9, -1), X, None, rule)[0].tolist() == \
+        accept_probability(p.expand(9, -1), q.expand(9, -1), X, None, exact)[0].tolist()
+    for x in range(9):
+        assert residual(p, q, x, 0, None, rule).tolist() == pytest.approx(residual(p, q, x, 0, None, exact).tolist())
+
+
+def test_fast_enough_for_real_codebooks():
+    g = torch.Generator().manual_seed(0)
+    for V, rows, limit in ((512, 5, 1.0), (16384, 1, 10.0)):  # loose: a shared 2-core machine
+        table = torch.stack([torch.randperm(V, generator=g)[:50] for _ in range(V)]).to(torch.int16)
+        p = torch.softmax(torch.randn(rows, V, generator=g), -1)
+        q = torch.softmax(torch.randn(rows, V, generator=g), -1)
+        t = time.perf_counter()
+        pt = retarget(p, q, table, 50, 0.2)
+        assert time.perf_counter() - t < limit
+        assert (0.5 * (pt - p).abs().sum(-1) <= 0.2 + 1e-5).all()
+        assert (pt.sum(-1) - 1).abs().max() < 1e-5
+
+
+def test_registry_spec_and_rule():
+    spec = normalize({"name": "lanterntv", "delta": 0.1, "k": 5})
+    rule = build_rule(spec)
+    assert isinstance(rule.impl, RetargetRule) and rule.table_width == 5 and rule.relaxed
+    assert rule.describe() == "lanterntv(delta=0.1, k=5)"
