@@ -1,4 +1,5 @@
-"""Speculative decoding on trained checkpoints: vanilla, chain SD, LANTERN, static and dynamic trees, one process.
+"""Speculative decoding on trained checkpoints: vanilla, chain SD, LANTERN, static and dynamic trees, SJD (Jacobi
+windows 4/8/16, no drafter), one process.
 
     python benchmarks/bench_speculative.py --target T.pt --drafter D.pt --neighbours NB.pt [--vq VQ.pt]
         [--images 16] [--quick] [--modes greedy sampling] [--out bench.csv]
@@ -26,6 +27,7 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.io import atomic_path
 from lantern.engine import methods as registry
+from lantern.engine.jacobi import jacobi_decode
 from lantern.engine.speculative import speculative_decode
 
 DELTAS, KS, LAMS = (0.01, 0.05, 0.1, 0.2, 0.4), (1, 5, 10, 50), (2, 5, 10)
@@ -41,6 +43,7 @@ def methods(quick: bool, tree_k: int) -> list[dict]:
     out += [{"name": "exact", "drafting": "chain", "gamma": g} for g in (4, 8)]
     out += [{"name": "lantern", "drafting": "chain", "gamma": 4, "delta": d, "k": k} for d in deltas for k in ks]
     out += [{"name": "lantern", "drafting": "chain", "gamma": 8, "delta": d, "k": max(ks)} for d in deltas]
+    out += [{"name": "exact", "drafting": "jacobi", "window": w} for w in (4, 8, 16)]  # SJD
     trees = [{"drafting": "static", "tree": name} for name in STATIC_TREES]
     trees += [{"drafting": "dynamic", **spec} for spec in DYNAMIC_TREES.values()]
     for t in trees:
@@ -64,6 +67,9 @@ def decoder(m: dict, params: SamplingParams, target, drafter, table):
         return vanilla
     rule, drafting = registry.rule(m), registry.drafting(m)
     t = table if rule.relaxed else None
+    if not registry.needs_drafter(m):  # Jacobi (SJD): the target drafts for itself
+        return lambda label, g: jacobi_decode(target, torch.tensor([label], device=device), params, rule, drafting,
+                                              g, t)
     return lambda label, g: speculative_decode(target, drafter, torch.tensor([label], device=device), params, rule,
                                                drafting, g, t)
 

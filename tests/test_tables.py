@@ -128,6 +128,8 @@ def test_sweep_table_columns_and_reference_values(built):
     assert sweep["tau_incl_bonus"].max() > 1.5  # the synthetic relaxations accept drafts
     assert sweep.loc[sweep["drafting"] == "chain", "accepted_depth_mean"].notna().all()
     assert sweep.loc[sweep["name"] == "vanilla", ["accepted_depth_mean", "tree_depth_mean"]].isna().all().all()
+    # the sampler's top_k has a column of its own: it once overwrote the dynamic tree's top_k (shown as "top_k=0")
+    assert (sweep.loc[sweep["point"] == "exact-dynamic", "top_k"] == 10).all() and (sweep["sampling_top_k"] == 0).all()
 
 
 def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):

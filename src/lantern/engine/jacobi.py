@@ -14,8 +14,8 @@ token at target position Q:
    those P as their q.
 Exactness: every draft was drawn from a distribution fixed before its verification's uniform, so this is
 speculative sampling, and under `exact` each image's tokens are distributed as plain AR's (tests/test_jacobi.py
-checks it by chi-square; greedy Jacobi decoding reproduces greedy AR). Fresh tokens follow the SJD paper's random
-initialisation. The cache, sampling path (sampling.row_probs / pick), timing sections and stats are those of the
+checks it by chi-square; greedy Jacobi decoding reproduces greedy AR). Fresh tokens are uniform draws, our reading
+of the paper's random initialisation (the authors' code was not available to confirm it); any fixed q keeps exactness. The cache, sampling path (sampling.row_probs / pick), timing sections and stats are those of the
 drafter-based decoders (speculative.py); entries past the accepted prefix are overwritten by the next forward.
 Stats: drafter_forwards = 0, accepted_per_step = window tokens accepted per iteration (the correction or bonus token
 not counted), tree_depth = the window verified.
