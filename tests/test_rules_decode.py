@@ -58,3 +58,22 @@ def test_relaxed_rules_decode_and_change_the_output(trained, spec, drafting):
         if not greedy:  # the relaxation is live: some image leaves exact decoding's path
             exact = decode(trained, AcceptRule("exact"), drafting, params, n=4)
             assert [t for t, _ in got] != [t for t, _ in exact]
+
+
+def test_cool_sd_runs_through_lantern_sample_without_a_neighbour_table(tmp_path):
+    """Cool-SD reads no neighbours: the workflow gives its jobs no table, and `lantern sample` must not ask for one."""
+    import json
+
+    import pandas as pd
+
+    from lantern.pipeline.sample import main as sample
+    from tiny import save_world, tiny_target
+
+    spec = {"name": "coolsd", "drafting": "chain", "gamma": 3, "scale": 2.0, "nu": 0.1}
+    assert not methods.needs_neighbours(methods.normalize(spec))
+    world = save_world(tmp_path, tiny_target())
+    out = tmp_path / "gen"
+    sample(["--target", str(world / "target.pt"), "--vq", str(world / "vq.pt"), "--drafter", str(world / "drafter.pt"),
+            "--method", json.dumps(spec), "--start", "0", "--end", "2", "--out", str(out), "--device", "cpu",
+            "--threads", "1", "--no-warmup"])
+    assert len(pd.read_csv(out / "stats.csv")) == 2

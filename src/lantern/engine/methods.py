@@ -483,7 +483,7 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
     if needs_drafter(spec) and not drafter_path:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter checkpoint (--drafter)")
     table = None
-    if accept.relaxed:
+    if accept.table_width:  # a relaxed rule that reads neighbours (Cool-SD reads none)
         if not neighbours_path or not vq_path:
             raise UserError(f"{accept.describe()} needs a neighbour table (--neighbours) and its VQ checkpoint (--vq)")
         table = load_neighbours(neighbours_path, read_codebook(vq_path), accept.table_width)

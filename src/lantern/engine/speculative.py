@@ -70,7 +70,7 @@ class Drafting(Protocol):
 def check_one_image(cond: Tensor, rule: AcceptRule, table: Tensor | None) -> None:
     if cond.shape[0] != 1:
         raise ValueError(f"speculative decoders take one image at a time, got a batch of {cond.shape[0]}")
-    if rule.relaxed and (table is None or table.shape[1] < rule.table_width):
+    if rule.table_width and (table is None or table.shape[1] < rule.table_width):
         raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
 
 
