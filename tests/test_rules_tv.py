@@ -13,6 +13,7 @@ from lantern.engine.methods import normalize, rule as build_rule
 from lantern.engine.retarget import RetargetRule, neighbour_edges, retarget
 from lantern.engine.sampling import sample_index
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
+from test_rules_peers import simulate
 
 
 def tv_rule(delta, k):
@@ -99,13 +100,7 @@ def test_sampling_path_chi_square_matches_the_relaxed_target_and_stays_within_de
     g = torch.Generator().manual_seed(11)
     p, q, table = escape_case()
     rule, n = tv_rule(0.05, 2), 6000
-    counts = torch.zeros_like(p)
-    for _ in range(n):
-        x = sample_index(q, g)
-        a, _, m = accept_probability(p, q, torch.tensor(x), table, rule)
-        y = x if torch.rand((), generator=g, dtype=F64).item() < a.item() else sample_index(
-            residual(p, q, x, int(m), table, rule), g)
-        counts[y] += 1
+    counts = simulate(p, q, table, rule, n, g)
     pt = retarget(p, q, table, 2, 0.05)
     assert chi_square_pvalue(counts, pt) > 1e-3
     assert chi_square_pvalue(counts, p) < 1e-6  # it is relaxed: p itself is rejected
