@@ -3,7 +3,6 @@
 Exact emitted distributions come from enumerating drafts (test_acceptance's helpers); the sampling path is checked
 by chi-square against p~, and TV(emitted, p) <= delta is checked on cases where bounded LANTERN breaks it."""
 
-import time
 
 import pytest
 import torch
@@ -156,15 +155,15 @@ def test_no_relaxation_is_exact_decoding(delta, k):
         assert residual(p, q, x, 0, None, rule).tolist() == pytest.approx(residual(p, q, x, 0, None, exact).tolist())
 
 
-def test_fast_enough_for_real_codebooks():
+def test_bound_and_mass_hold_at_real_codebook_sizes():
+    """The bound and total mass at the toy's and LlamaGen's codebook sizes (speed: benchmarks/bench_rules.py, never
+    a timed test)."""
     g = torch.Generator().manual_seed(0)
-    for V, rows, limit in ((512, 5, 1.0), (16384, 1, 10.0)):  # loose: a shared 2-core machine
+    for V, rows in ((512, 5), (16384, 1)):
         table = torch.stack([torch.randperm(V, generator=g)[:50] for _ in range(V)]).to(torch.int16)
         p = torch.softmax(torch.randn(rows, V, generator=g), -1)
         q = torch.softmax(torch.randn(rows, V, generator=g), -1)
-        t = time.perf_counter()
         pt = retarget(p, q, table, 50, 0.2)
-        assert time.perf_counter() - t < limit
         assert (0.5 * (pt - p).abs().sum(-1) <= 0.2 + 1e-5).all()
         assert (pt.sum(-1) - 1).abs().max() < 1e-5
 
