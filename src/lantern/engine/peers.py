@@ -38,11 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-
-
-def _take(d: Tensor, x: Tensor) -> Tensor:
-    return d.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+from lantern.engine.acceptance import AcceptRule, _take
 
 
 def _point(p: Tensor, x: int) -> Tensor:
