@@ -98,6 +98,8 @@ CONFIGS = [
     ("max-k-beyond-codebook", {"neighbours": {"max_k": 600}}, r"neighbours\.max_k = 600 exceeds the codebook"),
     ("device-unknown", {"device": "gpu"}, r"device"),
     ("seed-string", {"seed": "x"}, r"seed = 'x' has the wrong type"),
+    ("bootstrap-one", {"metrics": {"bootstrap": 1}}, r"metrics\.bootstrap = 1 gives no spread"),
+    ("bootstrap-negative", {"metrics": {"bootstrap": -3}}, r"metrics\.bootstrap"),
     ("inception-without-weights", {"metrics": {"fid_extractor": "inception-v3-compat"}},
      r"metrics\.inception_weights is empty"),
     ("llamagen-missing-gpt", {"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_L_256.pt"}},

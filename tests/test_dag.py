@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 JOB_STATS = re.compile(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", re.S)
 POINTS = ["vanilla", "vanilla-control", "exact-chain-g3", "lantern-chain-g3-d0.2-k2", "lantern-chain-g3-d0.2-k10",
           "lanternpp-static-naive_extend_57-l5-k10", "exact-jacobi-w4"]
-FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "acceptance_map", "samples_sampling", "ambiguity"]
+FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "tree_budget", "acceptance_map", "samples_sampling", "ambiguity"]
 
 
 def jobs_run(log: Path) -> dict[str, int]:

@@ -95,6 +95,7 @@ def make_sweep(root, n_images=6, with_metrics=True):
                 values = {"fid": 10 + 30 * strength + (0.4 if point == "vanilla-control" else 0),
                           "kid_mean": 0.01, "kid_std": 0.001, "precision": 0.7 - strength, "recall": 0.6 - strength / 2,
                           "clip_score": 0.3 - 0.2 * strength, "n_generated": n_images, "n_reference": 100,
+                          "fid_se": 0.5, "precision_se": 0.02, "recall_se": 0.02, "clip_score_sem": 0.01,
                           "fid_extractor": "toyclip", "resolution": 32, "seed": 2020}
                 path = root / "metrics" / mode / f"{point}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +205,14 @@ def test_summary_markdown(built):
     lines = [l for l in greedy.splitlines() if l.startswith("| ") and not l.startswith("| Method")]
     assert lines[0].startswith("| AR (vanilla) | seed 0 |") and "1.00×" in lines[0]
     assert "(control)" in lines[1] and lines[2].startswith("| Exact SD | chain γ=4")
-    assert "Noise floor" in greedy and "fid 0.400" in greedy and "kid_mean " in greedy
+    # the band: 2·√2·SE of vanilla; the control (0.4 off in FID, z = 0.57) is inside, strong relaxations are not
+    assert "Noise band (±2·√2·SE of vanilla): fid ±1.41, precision ±0.057, recall ±0.057, clip_score ±0.03." in greedy
+    assert "Check: the control AR run lies at z = fid +0.6" in greedy
+    beyond = greedy.split("Beyond the band: ")[1].split("\n")[0]
+    assert "LANTERN chain γ=4, δ=0.4, k=50 (fid, precision, recall, clip_score)" in beyond and "control" not in beyond
+    assert "Exact SD" not in beyond  # strength 0: the same metrics as vanilla
+    row = next(l for l in lines if "δ=0.4, k=50" in l)
+    assert "23.5†" in row and row.count("†") == 4  # FID, CLIP, precision, recall; KID has no band
     assert setting({"name": "lantern", "point": "x", "drafting": "chain", "gamma": 4.0, "delta": 0.2, "lam": math.nan,
                     "k": 50.0, "residual": "reference"}) == "chain γ=4, δ=0.2, k=50, residual=reference"
 
@@ -220,3 +228,35 @@ def test_bad_inputs_are_one_line_user_errors(tmp_path):
     with pytest.raises(UserError, match="unknown key 'digits'"):
         main(["--shards", str(shards[0]), "--out", str(tmp_path / "t"), "--params", '{"digits": 3}'])
     assert not (tmp_path / "t").exists()  # nothing written before the inputs check out
+
+
+def test_headline_speedup_is_in_job_and_across_jobs_drift_is_flagged(built):
+    sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"])
+    sampling, greedy = sweep.loc["sampling"], sweep.loc["greedy"]
+    assert (sampling["speedup_kind"] == "in-job").all() and (greedy["speedup_kind"] == "across jobs").all()
+    assert np.allclose(sampling["speedup"], sampling["speedup_vs_in_job_vanilla"])
+    assert np.allclose(greedy["speedup"], greedy["speedup_vs_vanilla"])
+    assert sampling.loc["vanilla", "speedup"] == 1.0 and greedy["speedup_vs_in_job_vanilla"].isna().all()
+    text = (built / "tables" / "summary.md").read_text()
+    for mode, part in (("greedy", greedy), ("sampling", sampling)):
+        drift = abs(part.loc["vanilla", "latency_s_per_image"] / part.loc["vanilla-control", "latency_s_per_image"] - 1)
+        assert np.allclose(part["speedup_across_jobs_drift"], drift)
+        section = text.split(f"## {mode}")[1].split("## ")[0]
+        assert ("Across-jobs speed-ups are unreliable" in section) == (drift > 0.1)
+        assert bool(part.loc["exact-chain-g4", "speedup_across_jobs_reliable"]) == (drift <= 0.1)
+
+
+def test_draft_nodes_is_the_node_budget(built):
+    sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"]).loc["sampling"]
+    assert sweep.loc["exact-chain-g4", "draft_nodes"] == 4
+    assert sweep.loc["lanternpp-static-naive_extend_57-l2-k10", "draft_nodes"] == 57
+    assert sweep.loc["exact-dynamic", "draft_nodes"] == 58  # total_tokens 59 counts y
+    assert np.isnan(sweep.loc["vanilla", "draft_nodes"])
+
+
+def test_tolerance_and_band_params_are_checked(tmp_path):
+    shards, metrics = make_sweep(tmp_path, n_images=2)
+    for bad in ('{"band_z": 0}', '{"speed_tolerance": -0.1}'):
+        with pytest.raises(UserError, match="band_z .* must be > 0 and speed_tolerance"):
+            main(["--shards", str(shards[0]), "--out", str(tmp_path / "t"), "--params", bad])
+    assert not (tmp_path / "t").exists()

@@ -46,6 +46,10 @@ class Chain:
     target_extra = 0
     drafter_extra = 0
 
+    @property
+    def nodes(self) -> int:
+        return self.gamma
+
     def __post_init__(self):
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise UserError(f"gamma={self.gamma!r} must be a positive integer (drafted tokens per round)")

@@ -45,6 +45,10 @@ class Jacobi:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise UserError(f"window={self.window!r} must be a positive integer (tokens per Jacobi iteration)")
 
+    @property
+    def nodes(self) -> int:
+        return self.window
+
 
 @torch.no_grad()
 def jacobi_decode(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,

@@ -44,6 +44,7 @@ class Drafts(Protocol):
 class Drafting(Protocol):
     """A drafting kind: how one round drafts, verifies and accepts (a chain of gamma drafts, a static or dynamic tree)."""
 
+    nodes: int  # the node budget: drafts verified per target forward at most
     target_extra: int  # cache slots a verification writes past the committed prefix, beyond one per position
     drafter_extra: int  # cache slots the drafter's own passes write past its committed prefix
 

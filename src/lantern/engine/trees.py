@@ -171,6 +171,10 @@ class StaticTree(TreeRounds):
         return max(p[-1] for p in self.paths)
 
     @property
+    def nodes(self) -> int:
+        return self.n
+
+    @property
     def target_extra(self) -> int:
         return self.n
 
@@ -239,6 +243,10 @@ class DynamicTree(TreeRounds):
     @property
     def max_rank(self) -> int:
         return self.top_k - 1
+
+    @property
+    def nodes(self) -> int:
+        return self.total_tokens - 1
 
     @property
     def target_extra(self) -> int:

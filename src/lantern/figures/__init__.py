@@ -15,7 +15,7 @@ from pathlib import Path
 from lantern.errors import UserError
 from lantern.io import read_structured
 
-FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "samples", "acceptance_map", "proximity"]
+FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "samples", "acceptance_map", "proximity"]
 
 
 @dataclass

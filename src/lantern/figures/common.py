@@ -24,6 +24,12 @@ def fid_label(df: pd.DataFrame, short: bool = False) -> str:
     return f"FID, {features} (lower is better)" if features else "FID (lower is better)"
 
 
+def speed_label(df: pd.DataFrame) -> str:
+    """The speed axis names its ratio: in-job (plain AR timed in the method's own job) or across jobs."""
+    kinds = sorted(df["speedup_kind"].dropna().unique()) if "speedup_kind" in df else []
+    return f"speed-up over AR (×, {' / '.join(kinds)})" if kinds else "speed-up over AR (×)"
+
+
 def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
     if tables is None:
         raise UserError(f"this figure reads {name}; pass --tables <outdir>/tables (written by `lantern tables`)")

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lantern.errors import UserError
-from lantern.figures.common import modes, read_sweep, with_shape
+from lantern.figures.common import modes, read_sweep, speed_label, with_shape
 from lantern.figures.style import color
 
 SYMBOLS = {"delta": "δ (TV budget)", "lam": "λ (relative bound)"}
@@ -25,7 +25,7 @@ class Params:
 def plot(inputs, p: Params):
     if p.x not in SYMBOLS:
         raise UserError(f"tau_vs_delta: x must be one of {', '.join(SYMBOLS)}, got {p.x!r}")
-    df = read_sweep(inputs.tables, ["tau_incl_bonus", "speedup_vs_vanilla"])
+    df = read_sweep(inputs.tables, ["tau_incl_bonus", "speedup", "speedup_kind"])
     grid = with_shape(df[(df["name"] == p.method) & df[p.x].notna()])
     if grid.empty:
         raise UserError(f"tau_vs_delta: the sweep has no {p.method} points with {p.x}; add them to sweep.methods")
@@ -39,7 +39,7 @@ def plot(inputs, p: Params):
         exact = df[(df["mode"] == mode) & (df["name"] == "exact")]
         shapes = list(dict.fromkeys(part["shape"]))
         for c, (col, ylabel) in enumerate((("tau_incl_bonus", "τ: tokens per target forward\n(bonus counted)"),
-                                           ("speedup_vs_vanilla", "speed-up over AR (×)"))):
+                                           ("speedup", speed_label(df)))):
             ax = axes[r, c]
             for s, shape in enumerate(shapes):
                 members = part[part["shape"] == shape]
@@ -51,7 +51,7 @@ def plot(inputs, p: Params):
             for _, row in exact.iterrows():  # exact SD = the delta -> 0 end of every line
                 ax.axhline(row[col], color=color("exact"), linewidth=1.2, linestyle=EXACT_STYLES.get(row["drafting"], ":"),
                            label=f"exact SD ({row['drafting']})")
-            if col == "speedup_vs_vanilla":
+            if col == "speedup":
                 ax.axhline(1.0, color=color("vanilla"), linewidth=1, label="AR (1×)")
             ax.set_xlabel(SYMBOLS[p.x])
             ax.set_ylabel(ylabel)

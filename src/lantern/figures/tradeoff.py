@@ -1,6 +1,9 @@
-"""Speed-up against quality (FID, CLIP score) for every method, Pareto front marked, AR noise floor shaded.
+"""Speed-up against quality (FID, CLIP score) for every method, Pareto front marked, AR noise band shaded.
 
-Points carry a number (the same in every panel) resolved in the legend; the AR runs are stars.
+The speed-up is the tables' headline (in-job when the sweep timed plain AR in every job). Each point carries a
+horizontal bar of ± band_z standard errors (bootstrap over its images); the shaded band is vanilla ± band_z·√2·SE,
+where a method with vanilla's distribution lands. Points carry a number (the same in every panel) resolved in the
+legend; the AR runs are stars.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from matplotlib.patches import Patch
 
 from lantern.errors import UserError
 from lantern.engine.methods import label
-from lantern.figures.common import fid_label, modes, read_sweep, short_label
+from lantern.figures.common import fid_label, modes, read_sweep, short_label, speed_label
 from lantern.figures.style import DRAFT_MARKERS, color, marker
+from lantern.pipeline.relative import SE_COLUMNS
 
 METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (higher is better)", True),
            "precision": ("precision (higher is better)", True), "recall": ("recall (higher is better)", True)}
@@ -24,6 +28,7 @@ METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (
 @dataclass
 class Params:
     metrics: tuple[str, ...] = ("fid", "clip_score")
+    band_z: float = 2.0  # standard errors in the bars and the band (the tables' band_z)
 
 
 def pareto(quality: np.ndarray, speed: np.ndarray, higher_better: bool) -> np.ndarray:
@@ -39,7 +44,7 @@ def plot(inputs, p: Params):
     bad = [m for m in p.metrics if m not in METRICS]
     if bad:
         raise UserError(f"tradeoff: unknown metric {bad[0]!r}; choose from {', '.join(METRICS)}")
-    df = read_sweep(inputs.tables, ["speedup_vs_vanilla", *p.metrics])
+    df = read_sweep(inputs.tables, ["speedup", "speedup_kind", *p.metrics])
     metrics = [m for m in p.metrics if df[m].notna().any()]
     if not metrics:
         raise UserError(f"tradeoff: sweep.csv has no values for {', '.join(p.metrics)}; run the metrics rules first")
@@ -51,18 +56,21 @@ def plot(inputs, p: Params):
     fig, axes = plt.subplots(len(rows), len(metrics), figsize=(5.0 * len(metrics) + 3.4, 4.0 * len(rows)),
                              squeeze=False, layout="constrained")
     for r, mode in enumerate(rows):
-        part = df[(df["mode"] == mode) & df["speedup_vs_vanilla"].notna()]
+        part = df[(df["mode"] == mode) & df["speedup"].notna()]
         for c, metric in enumerate(metrics):
             ax = axes[r, c]
             title, higher = METRICS[metric]
             title = fid_label(df) if metric == "fid" else title
             pts = part[part[metric].notna()].reset_index(drop=True)
-            floor = pts[pts["name"] == "vanilla"][metric]
-            if len(floor) >= 2:
-                ax.axvspan(floor.min(), floor.max(), color=color("vanilla"), alpha=0.18, linewidth=0)
+            se = pts[SE_COLUMNS[metric]].to_numpy(float) if SE_COLUMNS.get(metric) in pts else np.full(len(pts), np.nan)
+            base = (pts["point"] == "vanilla").to_numpy()
+            if base.any() and np.isfinite(se[base][0]):
+                v, w = pts.loc[base, metric].iloc[0], p.band_z * np.sqrt(2) * se[base][0]
+                ax.axvspan(v - w, v + w, color=color("vanilla"), alpha=0.18, linewidth=0)
             ax.axhline(1.0, color=color("vanilla"), linewidth=0.8, linestyle=":")
-            speed = pts["speedup_vs_vanilla"].to_numpy(float)
+            speed = pts["speedup"].to_numpy(float)
             quality = pts[metric].to_numpy(float)
+            ax.errorbar(quality, speed, xerr=p.band_z * se, fmt="none", ecolor="0.6", elinewidth=0.8, zorder=1)
             front = pareto(quality, speed, higher)
             ax.plot(quality[front], speed[front], color="black", linewidth=1, linestyle="--", zorder=2)
             ax.scatter(quality[front], speed[front], s=150, facecolor="none", edgecolor="black", linewidth=1, zorder=4)
@@ -74,7 +82,7 @@ def plot(inputs, p: Params):
                     ax.annotate(str(number[row["point"]]), (quality[i], speed[i]), xytext=(5, 3),
                                 textcoords="offset points", fontsize=7.5, zorder=5)
             ax.set_xlabel(title)
-            ax.set_ylabel("speed-up over AR (×)")
+            ax.set_ylabel(speed_label(part))
             ax.set_title(f"{mode}: speed-up vs {title.split(' (')[0]}")
             ax.margins(x=0.08, y=0.08)
     present = df[["name", "drafting"]].drop_duplicates()
@@ -84,7 +92,8 @@ def plot(inputs, p: Params):
                 for d in dict.fromkeys(present["drafting"]) if d != "none"]
     handles += [Line2D([], [], color="black", linestyle="--", marker="o", markerfacecolor="none", markersize=9,
                        label="Pareto front"),
-                Patch(color=color("vanilla"), alpha=0.18, label="noise floor: AR vs\nAR (control seed)")]
+                Patch(color=color("vanilla"), alpha=0.18, label=f"AR noise band:\nvanilla ± {p.band_z:g}·√2·SE"),
+                Line2D([], [], color="0.6", label=f"± {p.band_z:g}·SE (bootstrap)")]
     handles += [Line2D([], [], linestyle="", label=f"{n}: {labels[pt]}") for pt, n in number.items()]
     fig.legend(handles=handles, loc="outside right center", handletextpad=0.4)
     return fig

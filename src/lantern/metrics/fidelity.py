@@ -1,8 +1,11 @@
 """FID, KID and precision/recall through torch-fidelity, with the feature extractor chosen by config.
 
-Every number comes from torch-fidelity (`calculate_metrics`; against stored FID statistics, its
-`fid_input_id_to_statistics` and `fid_statistics_to_metric`); this module only picks the extractors, checks inputs,
-keys the reference-feature cache and records the protocol. input1 is always the generated set, input2 the reference
+Every number comes from torch-fidelity: its feature extraction (reference features cached as `calculate_metrics`
+caches them) and its metric functions on those features (`fid_features_to_statistics` + `fid_statistics_to_metric`,
+`kid_features_to_metric`, `prc_features_to_metric`; against stored FID statistics, the statistics file in place of the
+reference features). This module picks the extractors, checks inputs, keys the reference-feature cache, records the
+protocol, and adds each metric's standard error by a bootstrap over the generated images (bootstrap.py) on the same
+features. input1 is always the generated set, input2 the reference
 (torch-fidelity's precision = share of generated samples inside the reference manifold). Precision/recall use VGG16
 features when `vgg16_weights` is given (as the papers), else the FID extractor's.
 """
@@ -16,12 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch_fidelity
-from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_input_id_to_statistics, fid_statistics_to_metric
+from torch import Tensor
+from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_features_to_statistics, fid_statistics_to_metric
+from torch_fidelity.metric_kid import kid_features_to_metric
+from torch_fidelity.metric_prc import prc_features_to_metric
 from torch_fidelity.registry import FEATURE_EXTRACTORS_REGISTRY
-from torch_fidelity.utils import create_feature_extractor
+from torch_fidelity.utils import create_feature_extractor, extract_featuresdict_from_input_id_cached
 
 from lantern.errors import UserError
 from lantern.io import sha256_file
+from lantern.metrics.bootstrap import fid_se, prc_se, resamples
 from lantern.metrics.images import RESIZE_FILTERS, ImageSet
 from lantern.metrics.reference import FidStatistics
 
@@ -57,9 +64,12 @@ class FidelityParams:
     prc_neighborhood: int = 3
     batch_size: int = 64
     cache_dir: str = ""  # reference features/statistics cache; "" = never cache
-    seed: int = 2020  # torch-fidelity rng_seed (KID subsets)
+    seed: int = 2020  # torch-fidelity rng_seed (KID subsets) and the bootstrap's resamples
+    bootstrap: int = 200  # resamples of the generated images for FID / precision / recall standard errors; 0 = none
 
     def __post_init__(self):
+        if self.bootstrap < 0 or self.bootstrap == 1:
+            raise UserError(f"fidelity bootstrap = {self.bootstrap} must be 0 (no standard errors) or >= 2 resamples")
         if self.resolution < 0 or self.kid_subsets < 1 or self.prc_neighborhood < 1 or self.batch_size < 1:
             raise UserError("fidelity resolution must be >= 0 and kid_subsets, prc_neighborhood, batch_size >= 1")
         if self.kid_subset_size < 2:
@@ -147,15 +157,20 @@ def _check_statistics_dim(reference: FidStatistics, extractor: str, net) -> None
                         f"{_layer(extractor, 'fid')} features have {dim}; give statistics of those features")
 
 
-def _fid_from_statistics(generated: ImageSet, reference: FidStatistics, net, p: FidelityParams, verbose: bool):
-    cuda = torch.cuda.is_available()
-    net = net.cuda() if cuda else net
-    stats = fid_input_id_to_statistics(1, net, _layer(p.extractor, "fid"), cuda=cuda, cache=False,
-                                       input1=generated.dataset(p.resolution, p.resize_filter),
-                                       batch_size=p.batch_size, save_cpu_ram=True, verbose=verbose)
-    # torch-fidelity's mu is float32 (its sigma float64), stored statistics are float64: compare in float64
-    ours = {k: np.asarray(v, dtype=np.float64) for k, v in stats.items()}
-    return fid_statistics_to_metric(ours, {"mu": reference.mu, "sigma": reference.sigma}, verbose)[KEY_METRIC_FID]
+def _features(extractor: str, weights: str, metric: str, input_ids: tuple[int, ...], **kwargs) -> list[Tensor]:
+    """torch-fidelity features of inputs 1 (generated) and/or 2 (reference, cached under input2_cache_name)."""
+    layer = _layer(extractor, metric)
+    net = create_feature_extractor(extractor, [layer], cuda=kwargs["cuda"], verbose=kwargs["verbose"],
+                                   feature_extractor_weights_path=weights or None)
+    kwargs.update(feature_extractor=extractor, feature_extractor_weights_path=weights or None)
+    return [extract_featuresdict_from_input_id_cached(i, net, **kwargs)[layer] for i in input_ids]
+
+
+def _fid(gen: Tensor, reference: dict, verbose: bool) -> float:
+    ours = fid_features_to_statistics(gen)
+    if reference["mu"].dtype != ours["mu"].dtype:  # torch-fidelity's mu is float32, stored statistics float64
+        ours = {k: np.asarray(v, dtype=np.float64) for k, v in ours.items()}
+    return fid_statistics_to_metric(ours, reference, verbose)[KEY_METRIC_FID]
 
 
 def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p: FidelityParams,
@@ -205,9 +220,20 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p
         "crop": f"centre {res}" if p.resolution else "none",
         "fidelity_seed": p.seed,
     }
+    cuda = torch.cuda.is_available()
+    common = dict(input1=generated.dataset(p.resolution, p.resize_filter), cuda=cuda, batch_size=p.batch_size,
+                  save_cpu_ram=True, verbose=verbose, rng_seed=p.seed)
+    draws = resamples(n_gen, p.bootstrap, p.seed) if p.bootstrap else None
+    spread = {"bootstrap_resamples": p.bootstrap,
+              "se_method": "bootstrap over the generated images (reference fixed); precision / recall keep each "
+                           "image's k-NN radius from the full sets" if p.bootstrap else "none"}
     if statistics:
-        fid = _fid_from_statistics(generated, reference, net, p, verbose)
-        return {"fid": fid, "kid_mean": None, "kid_std": None, "precision": None, "recall": None, "f_score": None,
+        (gen,) = _features(p.extractor, p.weights_path, "fid", (1,), **common)
+        ref_stats = {"mu": reference.mu, "sigma": reference.sigma}
+        return {"fid": _fid(gen, ref_stats, verbose), "kid_mean": None, "kid_std": None, "precision": None,
+                "recall": None, "f_score": None,
+                "fid_se": fid_se(gen, reference.mu, reference.sigma, draws) if p.bootstrap else None,
+                "precision_se": None, "recall_se": None, **spread,
                 **row, "fid_reference_features": f"precomputed {reference.mu.shape[0]}-d mu/sigma; ADM / LlamaGen "
                 f"files hold TF-Inception pool_3 statistics, which {STATISTICS_EXTRACTOR} reproduces",
                 "fidelity_skipped": "kid, precision, recall: the reference holds FID statistics, not images",
@@ -215,33 +241,39 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p
                 "prc_input_resize": None, "prc_neighborhood": None, "kid_subset_size": None, "kid_subsets": None}
 
     kid_subset_size = min(p.kid_subset_size, n_gen, n_ref)
-    common = dict(
-        input1=generated.dataset(p.resolution, p.resize_filter),
-        input2=reference.dataset(p.resolution, p.resize_filter),
-        cuda=torch.cuda.is_available(), batch_size=p.batch_size, save_cpu_ram=True, verbose=verbose,
-        rng_seed=p.seed, cache=bool(p.cache_dir), cache_root=p.cache_dir or None,
-        kid_subset_size=kid_subset_size, kid_subsets=p.kid_subsets, prc_neighborhood=p.prc_neighborhood,
-    )
+    common.update(input2=reference.dataset(p.resolution, p.resize_filter), cache=bool(p.cache_dir),
+                  cache_root=p.cache_dir or None, kid_subset_size=kid_subset_size, kid_subsets=p.kid_subsets,
+                  prc_neighborhood=p.prc_neighborhood)
     resize_key = f"r{res}-{p.resize_filter}" if p.resolution else f"r{res}"
 
-    def run(extractor, weights, weights_sha, **metrics):
+    def features(extractor, weights, weights_sha, metric):
         # one cache entry per (reference content, extractor, weights checksum, resolution and filter); torch-fidelity
         # appends the extractor name and feature layer to this name
         cache_name = f"ref-{ref_sha[:16]}-w{weights_sha[:16]}-{resize_key}" if p.cache_dir else None
-        return torch_fidelity.calculate_metrics(**common, **metrics, feature_extractor=extractor,
-                                                feature_extractor_weights_path=weights or None,
-                                                input2_cache_name=cache_name)
+        return _features(extractor, weights, metric, (1, 2), **common, input2_cache_name=cache_name)
 
-    out = run(p.extractor, p.weights_path, sha, fid=True, kid=True, prc=not separate_prc)
-    if separate_prc:
-        out.update(run(prc_extractor, prc_weights, prc_sha, prc=True))
+    gen, ref = features(p.extractor, p.weights_path, sha, "fid")
+    fid_ref = fid_features_to_statistics(ref)
+    out = {"fid": _fid(gen, fid_ref, verbose), **kid_features_to_metric(gen, ref, **common)}
+    if separate_prc or _layer(p.extractor, "prc") != _layer(p.extractor, "fid"):
+        gen_prc, ref_prc = features(prc_extractor, prc_weights, prc_sha, "prc")
+    else:
+        gen_prc, ref_prc = gen, ref
+    out.update(prc_features_to_metric(gen_prc, ref_prc, **common))
+    if p.bootstrap:
+        precision_se, recall_se = prc_se(gen_prc, ref_prc, p.prc_neighborhood, draws)
+        spread.update(fid_se=fid_se(gen, fid_ref["mu"], fid_ref["sigma"], draws), precision_se=precision_se,
+                      recall_se=recall_se)
+    else:
+        spread.update(fid_se=None, precision_se=None, recall_se=None)
     return {
-        "fid": out["frechet_inception_distance"],
+        "fid": out["fid"],
         "kid_mean": out["kernel_inception_distance_mean"],
         "kid_std": out["kernel_inception_distance_std"],
         "precision": out["precision"],
         "recall": out["recall"],
         "f_score": out["f_score"],
+        **spread,
         **row,
         "fid_reference_features": f"{p.extractor} on the reference images",
         "fidelity_skipped": "none",

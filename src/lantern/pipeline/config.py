@@ -229,6 +229,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
 
 
 def _check_paths(cfg: dict) -> None:
+    if cfg["metrics"]["bootstrap"] == 1:
+        raise UserError("config: metrics.bootstrap = 1 gives no spread; use 0 (no standard errors) or >= 2 resamples")
     if cfg["metrics"]["fid_extractor"] == "clip" and cfg["metrics"]["clip_model"] != "toy":
         raise UserError("config: metrics.fid_extractor = clip uses the toy CLIP's image tower; with a published CLIP "
                         "set metrics.fid_extractor: inception-v3-compat and metrics.inception_weights")
@@ -314,7 +316,7 @@ def evaluate_params(cfg: dict, clip_weights: str) -> dict:
     else:
         fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
     fidelity.update(cache_dir=f"{cfg['outdir']}/metrics/reference_cache", resolution=m["resolution"],
-                    resize_filter=m["resize_filter"], vgg16_weights=m["vgg16_weights"])
+                    resize_filter=m["resize_filter"], vgg16_weights=m["vgg16_weights"], bootstrap=m["bootstrap"])
     clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
             "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
     return {"fidelity": fidelity, "clip": clip}

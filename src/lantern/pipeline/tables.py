@@ -26,6 +26,7 @@ from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
 from lantern.metrics.speed import IN_JOB_REFERENCE
+from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
@@ -40,6 +41,13 @@ class TableParams:
     score_digits: int = 2  # CLIP score
     distance_figures: int = 3  # significant figures of FID and KID (a CLIP-feature FD is ~0.05, Inception FID ~5)
     fraction_digits: int = 3  # precision, recall
+    band_z: float = 2.0  # a quality difference to vanilla beyond band_z standard errors is marked as real
+    speed_tolerance: float = 0.1  # across-jobs speed-ups are flagged when AR vs its control differ by more
+
+    def __post_init__(self):
+        if not self.band_z > 0 or not self.speed_tolerance >= 0:
+            raise UserError(f"tables band_z = {self.band_z} must be > 0 and speed_tolerance = {self.speed_tolerance} "
+                            ">= 0")
 
 
 def parse_ints(value) -> np.ndarray:
@@ -146,6 +154,9 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     drafted = [parse_ints(v) for v in stats["tree_depth"]] if "tree_depth" in stats else []
     if any(a.size for a in drafted):
         row["tree_depth_mean"] = np.concatenate(drafted).mean()
+    spec = methods.normalize(methods.applicable(manifest["method"]), f"{mode}/{point} method")
+    # the node budget: drafts verified per target forward at most (chain gamma, tree nodes, Jacobi window)
+    row["draft_nodes"] = methods.drafting(spec).nodes if methods.speculative(spec) else math.nan
     sampling = manifest.get("sampling", {})
     # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
     row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
@@ -195,7 +206,8 @@ def order_key(row) -> tuple:
     return (row["mode"], family, row["name"], row["point"] != "vanilla", drafting, params, row["point"])
 
 
-def sweep_table(shard_dirs: list[Path], metric_files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_tolerance: float = 0.1
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     if not shard_dirs:
         raise UserError("no shards given; pass --shards results/gen/{mode}/{point}/shard{j} ...")
     groups: dict[tuple[str, str], list] = {}
@@ -227,13 +239,7 @@ def sweep_table(shard_dirs: list[Path], metric_files: list[Path]) -> tuple[pd.Da
             sweep[col] = math.nan
     # speed and acceptance first, then quality, then the metrics protocol
     sweep = sweep[[c for c in sweep.columns if c not in metric_cols] + list(metric_cols)]
-    # relative to plain AR of the same mode (the first vanilla run, not its control)
-    base = sweep[sweep["point"] == "vanilla"].set_index("mode")
-    lat = sweep["mode"].map(base["latency_s_per_image"])
-    fwd = sweep["mode"].map(base["target_forwards_per_image"])
-    at = sweep.columns.get_loc("throughput_img_per_s") + 1
-    sweep.insert(at, "speedup_vs_vanilla", lat / sweep["latency_s_per_image"])
-    sweep.insert(at + 1, "step_compression", fwd / sweep["target_forwards_per_image"])
+    sweep = add_relative_columns(sweep, speed_tolerance)
     keys = sweep[["mode", "point"]]
     positions = keys.merge(pd.concat(positions, ignore_index=True), on=["mode", "point"])
     depths = (keys.merge(pd.concat(depths, ignore_index=True), on=["mode", "point"]) if depths
@@ -264,35 +270,30 @@ def _fmt(value, digits: int, suffix: str = "", significant: bool = False) -> str
 def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
-             "Speed-up = mean latency of vanilla AR (same mode) / mean latency of the method; "
-             "step compression = target forwards of vanilla / of the method; in-job speed-up (when generated with "
-             "`sweep.in_job_vanilla`) = plain AR timed in the same job, image by image / the method. "
-             "'vanilla (control)' is a second AR run with another seed: quality differences smaller than the "
-             "vanilla-vs-control gap are noise.", ""]
+             "In-job speed-up (the headline, when generated with `sweep.in_job_vanilla`) = plain AR timed in the same "
+             "job, image by image / the method; across-jobs speed-up = mean latency of the vanilla point / of the "
+             "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
+             f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
+             "the difference (bootstrap over the generated images; CLIP: per-image SEM); unmarked differences are "
+             "within noise.", ""]
+    digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
+              "clip_cosine": (p.fraction_digits + 1, False), "precision": (p.fraction_digits, False),
+              "recall": (p.fraction_digits, False), "kid_mean": (p.distance_figures, True)}
     for mode, part in sweep.groupby("mode", sort=False):
-        in_job = int("speedup_vs_in_job_vanilla" in part and part["speedup_vs_in_job_vanilla"].notna().any())
+        in_job = int((part["speedup_kind"] == "in-job").all())
         lines += [f"## {mode}", "",
-                  "| Method | Setting | τ (incl. bonus) | Speed-up" + " | In-job speed-up" * in_job +
+                  "| Method | Setting | τ (incl. bonus) | " + "In-job speed-up | " * in_job + "Speed-up across jobs"
                   " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Images |",
                   "|" + "|".join(["---"] * 2 + ["---:"] * (10 + in_job)) + "|"]
-        digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
-                  "clip_cosine": (p.fraction_digits + 1, False),
-                  "precision": (p.fraction_digits, False), "recall": (p.fraction_digits, False),
-                  "kid_mean": (p.distance_figures, True)}
         for _, r in part.iterrows():
-            quality = " | ".join(_fmt(r[c], d, significant=sig) for c, (d, sig) in digits.items())
+            beyond = beyond_band(r, p.band_z)
+            quality = " | ".join(_fmt(r[c], d, significant=sig) + "†" * (c in beyond) for c, (d, sig) in digits.items())
             lines.append(
                 f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} "
-                f"| {_fmt(r['speedup_vs_vanilla'], 2, '×')} "
                 + (f"| {_fmt(r['speedup_vs_in_job_vanilla'], 2, '×')} " if in_job else "")
-                + f"| {_fmt(r['step_compression'], 2, '×')} "
+                + f"| {_fmt(r['speedup_vs_vanilla'], 2, '×')} | {_fmt(r['step_compression'], 2, '×')} "
                 f"| {quality} | {int(r['n_images'])} |")
-        floor = part.set_index("point")
-        if {"vanilla", "vanilla-control"} <= set(floor.index):
-            gap = {c: abs(floor.at["vanilla", c] - floor.at["vanilla-control", c]) for c in digits}
-            gaps = [f"{c} {_fmt(gap[c], d, significant=sig)}" for c, (d, sig) in digits.items() if pd.notna(gap[c])]
-            if gaps:
-                lines += ["", f"Noise floor (|vanilla − control|): {', '.join(gaps)}."]
+        lines += noise_lines(part, digits, p)
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
                     ("fid_extractor", "extractor", "reference_kind", "n_reference", "resolution", "resize_filter",
                      "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature")
@@ -301,6 +302,37 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
             lines += ["", "Protocol: " + "; ".join(protocol) + "."]
         lines.append("")
     return "\n".join(lines)
+
+
+def beyond_band(row, band_z: float) -> list[str]:
+    """The quality metrics in which a row differs from vanilla by more than band_z standard errors."""
+    return [c for c in SE_COLUMNS if abs(row.get(f"{c}_z", 0) or 0) > band_z]
+
+
+def noise_lines(part: pd.DataFrame, digits: dict, p: TableParams) -> list[str]:
+    """The mode's noise band (± band_z standard errors of the difference between two runs with vanilla's spread),
+    which points lie beyond it, and whether the across-jobs speed-ups can be read."""
+    at = part.set_index("point")
+    if "vanilla" not in at.index:
+        return []
+    lines = []
+    band = [f"{c} ±{_fmt(p.band_z * math.sqrt(2) * at.at['vanilla', se], digits[c][0], significant=digits[c][1])}"
+            for c, se in SE_COLUMNS.items() if se in at and pd.notna(at.at["vanilla", se])]
+    if band:
+        beyond = [f"{method_label(r)} {setting(r)} ({', '.join(beyond_band(r, p.band_z))})"
+                  for _, r in part.iterrows() if beyond_band(r, p.band_z)]
+        lines += ["", f"Noise band (±{p.band_z:g}·√2·SE of vanilla): {', '.join(band)}.",
+                  "", f"Beyond the band: {'; '.join(beyond) if beyond else 'none'}."]
+    if "vanilla-control" in at.index:
+        control = at.loc["vanilla-control"]
+        z = [f"{c} {control[f'{c}_z']:+.1f}" for c in SE_COLUMNS if pd.notna(control[f"{c}_z"])]
+        if z:
+            lines += ["", f"Check: the control AR run lies at z = {', '.join(z)} from vanilla."]
+        if pd.notna(control["speedup_across_jobs_drift"]) and control["speedup_across_jobs_drift"] > p.speed_tolerance:
+            lines += ["", f"⚠ Across-jobs speed-ups are unreliable here: the two AR runs' latencies differ by "
+                      f"{control['speedup_across_jobs_drift']:.0%} (tolerance {p.speed_tolerance:.0%}); read the "
+                      "in-job column."]
+    return lines
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
@@ -326,7 +358,7 @@ def main(argv: list[str]) -> None:
         if key not in known:
             raise UserError(f"--params: unknown key {key!r}; allowed: {', '.join(sorted(known))}")
     p = TableParams(**raw)
-    sweep, positions, depths = sweep_table([Path(s) for s in a.shards], [Path(m) for m in a.metrics])
+    sweep, positions, depths = sweep_table([Path(s) for s in a.shards], [Path(m) for m in a.metrics], p.speed_tolerance)
     out = Path(a.out)
     write_csv(sweep, out / "sweep.csv")
     write_csv(positions, out / "positions.csv")

@@ -1,0 +1,69 @@
+"""Sampling spread of the set metrics: a bootstrap over the generated images, on features already extracted.
+
+A sweep point's FID or precision is one draw: another seed gives other images and another number. The spread of
+that number, not one vanilla-vs-control pair, says which method differences are real. Each resample draws the
+generated images with replacement (the reference set stays fixed: every point shares it) and recomputes:
+- FID from the resample's mean and covariance, against the reference statistics;
+- precision as the share of resampled images inside the reference manifold (each image's indicator is fixed);
+- recall as the share of reference images inside the union of the resampled images' k-NN balls, each ball keeping
+  its radius from the full set (a duplicated image would otherwise shrink its own radius to zero).
+The standard error is the resamples' standard deviation. KID is left out: its unbiased estimator counts a duplicated
+image against itself, and torch-fidelity's kid_std already reports its subset spread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def resamples(n: int, count: int, seed: int) -> np.ndarray:
+    """[count, n] image indices drawn with replacement, the same for every point of a run (seeded)."""
+    return np.random.default_rng(seed).integers(0, n, size=(count, n))
+
+
+def _psd_sqrt(sigma: Tensor) -> Tensor:
+    w, v = torch.linalg.eigh(sigma)
+    return (v * w.clamp(min=0).sqrt()) @ v.T
+
+
+def fid_se(gen: Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray, draws: np.ndarray) -> float:
+    """Bootstrap standard error of FID(gen, reference statistics)."""
+    return float(np.std(fid_values(gen, ref_mu, ref_sigma, draws), ddof=1))
+
+
+def fid_values(gen: Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """FID of each resample gen[idx]. tr sqrt(S_g S_r) = sum sqrt(eig(A S_g A)) with A = S_r^(1/2): one symmetric
+    eigendecomposition per resample instead of a general one."""
+    g = gen.double()
+    mu_r, sig_r = torch.from_numpy(np.asarray(ref_mu, np.float64)), torch.from_numpy(np.asarray(ref_sigma, np.float64))
+    root = _psd_sqrt(sig_r)
+    values = []
+    for idx in draws:
+        x = g[torch.from_numpy(idx)]
+        mu = x.mean(0)
+        sig = torch.cov(x.T)
+        tr_covmean = torch.linalg.eigvalsh(root @ sig @ root).clamp(min=0).sqrt().sum()
+        values.append(float((mu - mu_r).pow(2).sum() + sig.trace() + sig_r.trace() - 2 * tr_covmean))
+    return np.array(values)
+
+
+def prc_se(gen: Tensor, ref: Tensor, neighborhood: int, draws: np.ndarray) -> tuple[float, float]:
+    """Bootstrap standard errors of (precision, recall)."""
+    precision, recall = prc_values(gen, ref, neighborhood, draws)
+    return float(np.std(precision, ddof=1)), float(np.std(recall, ddof=1))
+
+
+def prc_values(gen: Tensor, ref: Tensor, neighborhood: int, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(precision, recall) of each resample in torch-fidelity's convention (k-NN balls, k = neighborhood, the point
+    itself excluded), every generated ball keeping its full-set radius."""
+    g, r = gen.double(), ref.double()
+    radius_g = torch.cdist(g, g).kthvalue(neighborhood + 1, dim=1).values
+    radius_r = torch.cdist(r, r).kthvalue(neighborhood + 1, dim=1).values
+    d_rg = torch.cdist(r, g)  # [n_ref, n_gen]
+    inside_ref = (d_rg <= radius_r[:, None]).any(0).numpy()  # generated image j lies in the reference manifold
+    covers = (d_rg <= radius_g[None, :]).numpy()  # reference image i lies in generated image j's ball
+    precision = np.array([inside_ref[idx].mean() for idx in draws])
+    recall = np.array([covers[:, np.unique(idx)].any(1).mean() for idx in draws])
+    return precision, recall

@@ -1,0 +1,64 @@
+"""Sweep columns relative to plain AR of the same mode: speed-ups and the quality noise band.
+
+Speed. The headline speed-up is the one measured in one process (`speedup_vs_in_job_vanilla`: plain AR timed in
+the method's own job, image by image), because two jobs may land on differently loaded cores. The across-jobs
+ratio (`speedup_vs_vanilla`: the vanilla point's mean latency / the method's) stays as a secondary column; the
+vanilla control run measures how far it can be trusted: when the control's across-jobs ratio is off 1 by more than
+a tolerance, the mode's across-jobs numbers are flagged.
+
+Quality. Each metric's standard error comes from `lantern evaluate`'s bootstrap over the generated images
+(fid_se, precision_se, recall_se; the CLIP score's per-image SEM). A method differs from vanilla beyond noise when
+|value - vanilla| > band_z * sqrt(se^2 + se_vanilla^2): `{metric}_z` holds that ratio's numerator over the root.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+# quality column -> its standard-error column
+SE_COLUMNS = {"fid": "fid_se", "precision": "precision_se", "recall": "recall_se", "clip_score": "clip_score_sem"}
+
+
+def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.DataFrame:
+    """sweep.csv's vanilla-relative columns, inserted after throughput_img_per_s (speed) and at the end (z)."""
+    sweep = sweep.copy()
+    base = sweep[sweep["point"] == "vanilla"].set_index("mode")
+    lat = sweep["mode"].map(base["latency_s_per_image"])
+    fwd = sweep["mode"].map(base["target_forwards_per_image"])
+    is_ar = sweep["name"] == "vanilla"
+    measured = sweep["speedup_vs_in_job_vanilla"].notna().groupby(sweep["mode"]).transform("any")
+    # plain AR is its own in-job reference, in a mode whose jobs timed it
+    in_job = sweep["speedup_vs_in_job_vanilla"].where(~(is_ar & measured), 1.0)
+    across = lat / sweep["latency_s_per_image"]
+    # one kind per mode, so that a figure never mixes in-job and across-jobs ratios
+    full = in_job.notna().groupby(sweep["mode"]).transform("all")
+    control = sweep[sweep["point"] == "vanilla-control"].set_index("mode")["latency_s_per_image"]
+    drift = (sweep["mode"].map(base["latency_s_per_image"]) / sweep["mode"].map(control) - 1).abs()
+    at = sweep.columns.get_loc("throughput_img_per_s") + 1
+    for i, (name, values) in enumerate([
+        ("speedup", in_job.where(full, across)),
+        ("speedup_kind", np.where(full, "in-job", "across jobs")),
+        ("speedup_vs_vanilla", across),
+        ("speedup_across_jobs_drift", drift),
+        ("speedup_across_jobs_reliable", (drift <= speed_tolerance).where(drift.notna())),
+        ("step_compression", fwd / sweep["target_forwards_per_image"]),
+    ]):
+        sweep.insert(at + i, name, values)
+    sweep["speedup_vs_in_job_vanilla"] = in_job
+    for metric, se in SE_COLUMNS.items():
+        sweep[f"{metric}_z"] = quality_z(sweep, metric, se)
+    return sweep
+
+
+def quality_z(sweep: pd.DataFrame, metric: str, se: str) -> pd.Series:
+    """(value - vanilla) / sqrt(se^2 + se_vanilla^2) per row; NaN where a standard error is missing."""
+    if metric not in sweep or se not in sweep:
+        return pd.Series(math.nan, index=sweep.index)
+    base = sweep[sweep["point"] == "vanilla"].set_index("mode")
+    v, v_se = sweep["mode"].map(base[metric]), sweep["mode"].map(base[se])
+    value, own = pd.to_numeric(sweep[metric], errors="coerce"), pd.to_numeric(sweep[se], errors="coerce")
+    z = (value - v) / np.sqrt(own**2 + v_se**2)
+    return z.where(sweep["point"] != "vanilla")
