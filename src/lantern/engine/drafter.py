@@ -23,7 +23,8 @@ from torch import Tensor
 
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
-from lantern.engine.model import GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d
+from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d,
+                                  row_mask)
 
 FORMAT = "lantern-drafter-v1"
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
@@ -121,9 +122,10 @@ class Drafter(nn.Module):
         """The uncached pass's attention mask for S positions (None: causal)."""
         return drafter_mask(cond_mask if self.options.mask_padding else None, S)
 
-    def _run(self, emb: Tensor, hidden: Tensor, pos: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+    def _run(self, emb: Tensor, hidden: Tensor, pos: Tensor, mask: Tensor | None, slots: Tensor | None,
+             rows: Tensor | None = None) -> Tensor:
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
-        return self.layer(x, self.rope[pos + 1], mask, slots)
+        return self.layer(x, self.rope[pos + 1], mask, slots, rows)
 
     def forward(self, emb: Tensor, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         """Uncached pass over drafter positions 0..S-1: emb [B, S, d] (target inputs at t + 1), hidden [B, S, d]
@@ -157,6 +159,13 @@ class Drafter(nn.Module):
         own[torch.arange(len(slots), device=slots.device), slots] = True
         mask = (visible[None, None] & self.key_valid[:, None, None, :]) | own[None, None]
         return self._run(emb, hidden, pos, mask, slots)
+
+    def forward_rows(self, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+                     rows: Tensor | None = None) -> Tensor:
+        """Cached pass with per-row drafter positions pos [b, S] and slots [b, S] over the cache rows `rows` [b]
+        (None: all rows, in order); visible [b, S, max_len]; as GPT.forward_rows."""
+        key_valid = self.key_valid if rows is None else self.key_valid[rows]
+        return self._run(emb, hidden, pos, row_mask(visible, slots, key_valid), slots, rows)
 
     def step(self, emb: Tensor, hidden: Tensor, start: int) -> Tensor:
         """Causal cached pass over consecutive drafter positions start.. start + S - 1."""

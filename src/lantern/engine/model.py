@@ -135,9 +135,10 @@ def precompute_rope_2d(args: ModelArgs) -> Tensor:
 
 
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
-    """x [B, S, H, hd]; rope [S, hd // 2, 2]; pairs are interleaved (x[2j], x[2j+1])."""
+    """x [B, S, H, hd]; rope [S, hd // 2, 2], or [B, S, hd // 2, 2] for per-row positions; pairs are interleaved
+    (x[2j], x[2j+1])."""
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    r = rope.view(1, xs.size(1), 1, xs.size(3), 2)
+    r = rope.view(rope.shape[0] if rope.ndim == 4 else 1, xs.size(1), 1, xs.size(3), 2)
     out = torch.stack(
         [xs[..., 0] * r[..., 0] - xs[..., 1] * r[..., 1], xs[..., 1] * r[..., 0] + xs[..., 0] * r[..., 1]], dim=-1
     )
@@ -157,10 +158,18 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.k[:, :, slots] = k
-        self.v[:, :, slots] = v
-        return self.k, self.v
+    def update(self, slots: Tensor, k: Tensor, v: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Write k, v [b, H, S, hd] at `slots` [S] (shared by all rows), or at per-row slots [b, S] of the cache rows
+        `rows` [b] (None: every row, in order); returns the keys and values of those rows."""
+        if slots.ndim == 1:
+            self.k[:, :, slots] = k
+            self.v[:, :, slots] = v
+            return self.k, self.v
+        r = torch.arange(self.k.shape[0], device=slots.device) if rows is None else rows
+        # the indexed dims (row, slot) come first in the selection, so heads move behind the slots
+        self.k[r[:, None], :, slots] = k.transpose(1, 2)
+        self.v[r[:, None], :, slots] = v.transpose(1, 2)
+        return (self.k, self.v) if rows is None else (self.k.index_select(0, rows), self.v.index_select(0, rows))
 
     def keep(self, src: Tensor, dst_start: int) -> None:
         n = src.numel()
@@ -176,14 +185,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None,
+                rows: Tensor | None = None) -> Tensor:
         B, S, D = x.shape
         q, k, v = self.wqkv(x).split(D, dim=-1)
         q = apply_rope(q.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
         k = apply_rope(k.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
         v = v.view(B, S, self.n_head, self.head_dim).transpose(1, 2)
         if self.kv_cache is not None:
-            k, v = self.kv_cache.update(slots, k, v)
+            k, v = self.kv_cache.update(slots, k, v, rows)
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -200,8 +210,9 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps) if input_norm else nn.Identity()
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask, slots)
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None,
+                rows: Tensor | None = None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, slots, rows)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -304,15 +315,17 @@ class GPT(nn.Module):
         return self.output(hidden).float()
 
     # -- forward passes ---------------------------------------------------------------------------------------
-    def run(self, x: Tensor, pos: Tensor, mask: Tensor | None = None, slots: Tensor | None = None):
+    def run(self, x: Tensor, pos: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
+            rows: Tensor | None = None):
         """Transformer over embeddings x [B, S, dim] at RoPE positions `pos` [S]; returns (logits, post-norm hidden).
 
         With a cache set up, `slots` [S] are the cache slots written and `mask` [B or 1, 1, S, max_len] the keys
-        each query may see. Without a cache, mask None means plain causal attention over x.
+        each query may see. Without a cache, mask None means plain causal attention over x. Per-row positions:
+        pos and slots [B, S], x being the cache rows `rows` (see forward_rows).
         """
         rope = self.rope[pos]
         for layer in self.layers:
-            x = layer(x, rope, mask, slots)
+            x = layer(x, rope, mask, slots, rows)
         hidden = self.norm(x)
         return self.head(hidden), hidden
 
@@ -364,6 +377,20 @@ class GPT(nn.Module):
         own[torch.arange(len(slots), device=x.device), slots] = True
         mask = (visible[None, None] & self.cache_key_valid[:, None, None, :]) | own[None, None]
         return self.run(x, pos, mask, slots)
+
+    def forward_rows(self, x: Tensor, pos: Tensor, slots: Tensor, visible: Tensor, rows: Tensor | None = None):
+        """Cached pass where every row has its own positions (batched speculative decoding, batched.py): x [b, S, dim]
+        feeds the cache rows `rows` [b] (None: all rows, in order) at RoPE positions pos [b, S], written to slots
+        [b, S]; visible [b, S, max_len]. Rows not in `rows` are neither read nor written."""
+        key_valid = self.cache_key_valid if rows is None else self.cache_key_valid[rows]
+        return self.run(x, pos, row_mask(visible, slots, key_valid), slots, rows)
+
+
+def row_mask(visible: Tensor, slots: Tensor, key_valid: Tensor) -> Tensor:
+    """[b, 1, S, max_len] attention mask of a per-row pass: visible [b, S, max_len] keys that are valid (key_valid
+    [b, max_len]), and each query's own slot (slots [b, S]), so fully padded conditions never give NaN."""
+    own = torch.zeros_like(visible).scatter_(2, slots[..., None], True)
+    return ((visible & key_valid[:, None, :]) | own)[:, None]
 
 
 def causal_mask(q_len: int, k_len: int, device, start: int = 0) -> Tensor:
