@@ -136,8 +136,13 @@ def test_build_decoder(tmp_path, trained):
     params = SamplingParams(cfg_scale=2.0)
     method = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 10, "residual": "reference"}
     run = methods.build_decoder(method, params, target, **paths)
-    tokens, stats = run(2, image_generator(0, 0))
-    assert tokens.shape == (16,) and stats.n_tokens == 16 and len(stats.tree_depth) == len(stats.accepted_per_step)
+    tokens, (stats,) = run(torch.tensor([2]), [image_generator(0, 0)])
+    assert tokens.shape == (1, 16) and stats.n_tokens == 16 and len(stats.tree_depth) == len(stats.accepted_per_step)
+    # a batch goes through the chain's batched decoder: each image as decoded alone, batch size recorded
+    batch, batch_stats = run(torch.tensor([2, 0, 1]), [image_generator(0, i) for i in range(3)])
+    for i, c in enumerate((2, 0, 1)):
+        assert torch.equal(batch[i], run(torch.tensor([c]), [image_generator(0, i)])[0][0])
+    assert [s.batch_size for s in batch_stats] == [3, 3, 3] and stats.batch_size == 1
     with pytest.raises(UserError, match="drafting = 'zigzag' is not allowed"):
         methods.build_decoder({**method, "drafting": "zigzag"}, params, target, **paths)
     with pytest.raises(UserError, match="gamma = 0 must be >= 1"):

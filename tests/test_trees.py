@@ -342,8 +342,8 @@ def test_build_decoder_routes_trees(tmp_path, trained):
     for method in ({"name": "lanternpp", "drafting": "static", "lam": 5.0, "k": 10},
                    {"name": "lantern", "drafting": "dynamic", "delta": 0.1, "k": 10, "top_k": 4},
                    {"name": "exact", "drafting": "static", "tree": "chain", "gamma": 3}):
-        tokens, stats = build_decoder(method, params, target, **paths)(2, image_generator(0, 0))
-        assert tokens.shape == (16,) and len(stats.tree_depth) == len(stats.accepted_per_step) > 0
+        tokens, (stats,) = build_decoder(method, params, target, **paths)(torch.tensor([2]), [image_generator(0, 0)])
+        assert tokens.shape == (1, 16) and len(stats.tree_depth) == len(stats.accepted_per_step) > 0
     with pytest.raises(UserError, match="skips rank"):
         build_decoder({"name": "exact", "drafting": "static", "tree": [[1]]}, params, target, **paths)
     with pytest.raises(UserError, match="drafting = 'zigzag' is not allowed"):

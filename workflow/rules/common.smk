@@ -4,7 +4,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, target_params, target_spec,
+from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, shard_alignment,
+                            shard_ranges, target_params, target_spec,
                             validate_config)
 from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
@@ -108,9 +109,9 @@ def generate_inputs(wildcards):
 
 
 def shard_range(shard):
-    """Contiguous, index-aligned slices: shard j of S covers images [j*n/S, (j+1)*n/S)."""
-    n, S = config["sweep"]["n_images"], config["sweep"]["shards"]
-    return int(shard) * n // S, (int(shard) + 1) * n // S
+    """Contiguous, index-aligned slices: shard j of S ends near (j+1)*n/S, on a multiple of every batch size."""
+    sweep = config["sweep"]
+    return shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))[int(shard)]
 
 
 def optional(flag, inputs, key):

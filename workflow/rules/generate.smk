@@ -25,10 +25,12 @@ rule generate:
                           optional("--captions", input, "captions"), SPEC_ARG,
                           "--in-job-vanilla" if config["sweep"]["in_job_vanilla"] else ""])
         ),
+        batch=lambda w: config["sweep"]["batch_size"][w.mode],
+        latency=config["sweep"]["latency_images"],
     conda:
         "../../environment.yml"
     shell:
         "lantern-gpu-run lantern sample --target {input.target:q} --vq {input.vq:q} {params.extra}"
         " --method {params.method} --sampling {params.sampling} --mode {wildcards.mode} --seed {params.seed}"
         " --start {params.start} --end {params.end} --out {output:q} --device {params.device} --dtype {params.dtype}"
-        " --threads {threads} > {log:q} 2>&1"
+        " --batch-size {params.batch} --latency-images {params.latency} --threads {threads} > {log:q} 2>&1"

@@ -115,6 +115,9 @@ class Drafting:
     params: tuple[Param, ...]
     build: Callable[[dict], Any]
     drafter: bool = True
+    # "module:function" of its batched decoder (engine modules; speculative.generate's contract, drafter first when
+    # it has one); "" = a batch is decoded image by image
+    batched: str = ""
 
 
 # -- the parameters ---------------------------------------------------------------------------------------------
@@ -232,7 +235,8 @@ for _entry in (
            "the draft index i in a round", (SCALE, NU, MU), make_rule=_own("peers", "coolsd_rule")),
     Family("gsd", "GSD", "grouped acceptance p(C(x))/q(C(x)) over rank-near latent neighbours of x",
            (GROUP, K, GAP), make_rule=_own("peers", "gsd_rule")),
-    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain),
+    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain,
+             batched="batched:batched_speculative_generate"),
     Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
@@ -473,10 +477,14 @@ def drafting(spec: dict):
 
 def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbours_path: str | None,
                   vq_path: str | None, device):
-    """(cond, generator, cond_mask) -> (tokens [N], ImageStats) for a speculative point (`lantern sample`)."""
-    import torch
+    """(cond [B] or [B, T, C], generators, cond_mask [B, T] or None) -> (tokens [B, N], [ImageStats] * B) for a
+    speculative point (`lantern sample`). One image is decoded by the single-image loop (the paper's batch-1
+    latency); a batch by the drafting kind's batched decoder when it has one (ragged rows, the same tokens per
+    image), else image by image."""
+    import importlib
 
     from lantern.engine.neighbours import load_neighbours, read_codebook
+    from lantern.engine.speculative import decode_each
 
     spec = normalize(spec)
     accept, draft = rule(spec), drafting(spec)
@@ -491,22 +499,25 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
                             f"{target.args.vocab_size}")
         table = table.to(device)
+    models = (target,)
     if needs_drafter(spec):
         from lantern.engine.drafter import load_drafter
-        from lantern.engine.speculative import speculative_decode
+        from lantern.engine.speculative import speculative_decode as decode
 
-        drafter = load_drafter(drafter_path, target)
-        decode = partial(speculative_decode, target, drafter)
+        models = (target, load_drafter(drafter_path, target))
     else:
-        from lantern.engine.jacobi import jacobi_decode
+        from lantern.engine.jacobi import jacobi_decode as decode
+    kind = DRAFTINGS[spec["drafting"]]
+    batched = None
+    if kind.batched:
+        module, name = kind.batched.split(":")
+        batched = getattr(importlib.import_module(f"lantern.engine.{module}"), name)
 
-        decode = partial(jacobi_decode, target)
-
-    def run(cond, generator, cond_mask=None):
-        """cond: a class id, or caption features [1, T, C] with their mask [1, T]."""
-        if isinstance(cond, int):
-            cond = torch.tensor([cond], device=device)
-        return decode(cond, params, accept, draft, generator, table, cond_mask)
+    def run(cond, generators, cond_mask=None):
+        if batched is not None and len(generators) > 1:
+            return batched(*models, cond, params, accept, draft, generators, table, cond_mask)
+        return decode_each(lambda c, g, m: decode(*models, c, params, accept, draft, g, table, m), cond, generators,
+                           cond_mask)
 
     return run
 

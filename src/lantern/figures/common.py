@@ -69,8 +69,8 @@ def short_label(row) -> str:
         return "AR" if row["point"] == "vanilla" else "AR (control seed)"
     spec = methods.from_row(row)
     parts = [methods.label(name)]
-    if row["drafting"] != "chain":
-        parts.append(f"({row['drafting']})")
+    if row["drafting"] != "chain":  # the shape names the tree: two static trees must not share a label
+        parts.append(f"({methods.shape_label(spec).replace(' tree', '')})")
     elif pd.notna(row.get("gamma")) and not methods.relaxation_axes(name):
         parts.append(f"γ={_num(row['gamma'])}")
     for key in methods.relaxation_axes(name):

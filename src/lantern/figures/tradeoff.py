@@ -95,5 +95,7 @@ def plot(inputs, p: Params):
                 Patch(color=color("vanilla"), alpha=0.18, label=f"AR noise band:\nvanilla ± {p.band_z:g}·√2·SE"),
                 Line2D([], [], color="0.6", label=f"± {p.band_z:g}·SE (bootstrap)")]
     handles += [Line2D([], [], linestyle="", label=f"{n}: {labels[pt]}") for pt, n in number.items()]
-    fig.legend(handles=handles, loc="outside right center", handletextpad=0.4)
+    # a long sweep's numbered list runs in two columns, so that it fits beside the panels
+    fig.legend(handles=handles, loc="outside right center", handletextpad=0.4, ncols=1 if len(handles) <= 20 else 2,
+               fontsize="small" if len(handles) > 20 else None)
     return fig

@@ -19,9 +19,9 @@ from lantern.figures.common import modes, read_sweep, speed_label
 from lantern.figures.style import color, marker
 
 LINESTYLES = {"chain": ":", "static": "-", "dynamic": "--"}
-PANELS = (("tau_incl_bonus", "τ: tokens per target forward\n(bonus counted)"),
-          ("accepted_depth_mean", "accepted drafts per\nverification step"),
-          ("speedup", None))
+PANELS = (("tau_incl_bonus", "τ", "τ: tokens per target forward\n(bonus counted)"),
+          ("accepted_depth_mean", "accepted depth", "accepted drafts per\nverification step"),
+          ("speedup", "speed-up", None))
 
 
 def budget_ticks(xs: list[float]) -> dict[float, str]:
@@ -54,7 +54,7 @@ def plot(inputs, p: Params):
                              squeeze=False, layout="constrained")
     for r, mode in enumerate(rows):
         part = pts[pts["mode"] == mode]
-        for c, (col, ylabel) in enumerate(PANELS):
+        for c, (col, title, ylabel) in enumerate(PANELS):
             ax = axes[r, c]
             ylabel = ylabel or speed_label(part)
             for (name, drafting), line in part.groupby(["name", "drafting"], sort=False):
@@ -71,7 +71,7 @@ def plot(inputs, p: Params):
             ax.set_xticklabels(list(ticks.values()))
             ax.set_xlabel("node budget: drafts verified per target forward")
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{mode}: {ylabel.splitlines()[0].split(':')[0]}")
+            ax.set_title(f"{mode}: {title}")
     handles, labels = axes[0, -1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center")
     fig.suptitle("Static vs dynamic draft trees at matched node budgets")

@@ -6,6 +6,7 @@ Every failure is one UserError line naming the key and the fix, raised before an
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -123,6 +124,11 @@ def _check_sweep(cfg: dict) -> None:
     if sweep["shards"] > sweep["n_images"]:
         raise UserError(f"config: sweep.shards = {sweep['shards']} is more than sweep.n_images = {sweep['n_images']}; "
                         "every shard needs an image: lower shards")
+    ranges = shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))
+    if any(lo == hi for lo, hi in ranges):
+        raise UserError(f"config: sweep.shards = {sweep['shards']} leaves a shard without images once shard "
+                        f"boundaries fall on multiples of the batch size ({shard_alignment(sweep)}): lower shards or "
+                        "sweep.batch_size")
 
 
 def _check_methods(cfg: dict) -> None:
@@ -304,6 +310,18 @@ def target_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world."""
     base = dict(cfg["toy"]["target"])
     return {**base, **cfg["toy"]["clean_target"]} if world == "clean" else base
+
+
+def shard_alignment(sweep: dict) -> int:
+    """Shard boundaries fall on a multiple of every mode's batch size, so that a batch never straddles two shards
+    (batches are aligned to the image index) and caption shards serve every mode."""
+    return math.lcm(*sweep["batch_size"].values())
+
+
+def shard_ranges(n: int, shards: int, align: int = 1) -> list[tuple[int, int]]:
+    """Contiguous slices [lo, hi) of n images: shard j ends near (j + 1) n / shards, rounded down to `align`."""
+    cuts = [0] + [(j * n // shards) // align * align for j in range(1, shards)] + [n]
+    return list(zip(cuts, cuts[1:]))
 
 
 def evaluate_params(cfg: dict, clip_weights: str) -> dict:

@@ -48,6 +48,9 @@ def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.Data
     ]):
         sweep.insert(at + i, name, values)
     sweep["speedup_vs_in_job_vanilla"] = in_job
+    if "speedup_b1_in_job" in sweep:
+        b1 = sweep["speedup_b1_in_job"].notna().groupby(sweep["mode"]).transform("any")
+        sweep["speedup_b1_in_job"] = sweep["speedup_b1_in_job"].where(~(is_ar & b1), 1.0)
     for metric, se in SE_COLUMNS.items():
         sweep[f"{metric}_z"] = quality_z(sweep, metric, se)
     return sweep

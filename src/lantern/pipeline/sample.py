@@ -1,8 +1,12 @@
 """`lantern sample`: generate images [start, end) for one method; PNGs, a per-image stats table and a manifest.
 
+Images are decoded in batches of --batch-size aligned to the image index (batch j holds images jB .. jB + B - 1 of
+the range), so a shard boundary at a multiple of B never changes a batch. Every image draws from its own
+generator, seeded from (seed, i): batched and one-by-one decoding give the same tokens up to float rounding of
+batched kernels. Per-image times of a batch are its wall time / B (throughput); batch 1 gives latency.
 The output folder appears only when the shard is complete (built in `<out>.partial`, then renamed). A killed job
-leaves its finished images in `<out>.partial`; the rerun keeps them (they are byte-identical by construction:
-image i depends only on (seed, i)) and generates the rest.
+leaves its finished batches in `<out>.partial`; the rerun keeps them (they are byte-identical by construction) and
+decodes the rest, a batch always in full.
 """
 
 from __future__ import annotations
@@ -63,9 +67,9 @@ def environment(device: torch.device) -> dict:
 
 
 class Decoder:
-    """Loads the models a method needs once and turns (cond, generator, cond_mask) into image tokens plus stats;
-    cond is a class id, or caption features [1, T, C] with their mask [1, T].
-    `reference` is plain AR on the same target, for speed-ups timed in the same job."""
+    """Loads the models a method needs once and turns a batch (cond, generators, cond_mask) into image tokens
+    [B, N] plus one ImageStats per image; cond is class ids [B], or caption features [B, T, C] with their mask
+    [B, T]. `reference` is plain AR on the same target and batch, for speed-ups timed in the same job."""
 
     def __init__(self, method: dict, params: SamplingParams, target_path: str, device: torch.device, dtype: str,
                  drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None,
@@ -79,11 +83,8 @@ class Decoder:
         else:
             self.run = self._vanilla
 
-    def _vanilla(self, cond: int | torch.Tensor, generator: torch.Generator, cond_mask: torch.Tensor | None = None):
-        if isinstance(cond, int):
-            cond = torch.tensor([cond], device=self.device)
-        tokens, stats = generate(self.target, cond, self.params, [generator], cond_mask)
-        return tokens[0], stats[0]
+    def _vanilla(self, cond: torch.Tensor, generators: list[torch.Generator], cond_mask: torch.Tensor | None = None):
+        return generate(self.target, cond, self.params, generators, cond_mask)
 
 
 class Conditions:
@@ -99,6 +100,7 @@ class Conditions:
             if a.labels != "cycle" and not (a.labels.isdigit() and int(a.labels) < classes):
                 raise UserError(f"--labels {a.labels!r} must be 'cycle' or a class id in 0..{classes - 1}")
             self.label = (lambda i: i % classes) if a.labels == "cycle" else (lambda i, c=int(a.labels): c)
+            self.device = target.output.weight.device
             return
         if not a.captions:
             raise UserError(f"{a.target} is a text-to-image (t2i) target: give its caption features with --captions "
@@ -119,12 +121,12 @@ class Conditions:
         self.ids, self.captions = data["ids"], data["captions"]
         self.features, self.mask = data["features"].to(device=device, dtype=dtype), data["mask"].to(device)
 
-    def __call__(self, i: int) -> tuple[int | torch.Tensor, torch.Tensor | None]:
-        """(cond, cond_mask) of image i."""
+    def __call__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(cond, cond_mask) of images `indices`: class ids [B], or caption features [B, T, C] and mask [B, T]."""
         if not self.t2i:
-            return self.label(i), None
-        r = self.row[i]
-        return self.features[r : r + 1], self.mask[r : r + 1]
+            return torch.tensor([self.label(i) for i in indices], device=self.device), None
+        rows = [self.row[i] for i in indices]
+        return self.features[rows], self.mask[rows]
 
     def describe(self, i: int) -> dict:
         """What the stats row says about the condition of image i."""
@@ -143,7 +145,8 @@ def job_identity(a) -> dict:
     return {"method": read_structured(a.method, "--method"), "sampling": read_structured(a.sampling, "--sampling"),
             "mode": a.mode,
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
-            "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla}
+            "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla,
+            "batch_size": a.batch_size, "latency_images": a.latency_images}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -174,6 +177,27 @@ def drop_outside_range(partial: Path, start: int, end: int) -> None:
                 f.unlink()
 
 
+def time_alone(decoder: Decoder, condition: Conditions, partial: Path, a, reference: bool) -> None:
+    """The first --latency-images images of the range decoded alone (batch 1), and with plain AR alone: their
+    latencies join the images' rows; the images themselves are the batch's."""
+    for i in range(a.start, min(a.start + a.latency_images, a.end)):
+        path = partial / "rows" / f"{i:06d}.json"
+        row = json.loads(path.read_text())
+        if "latency_s" in row:
+            continue
+        cond, cond_mask = condition([i])
+        row["latency_s"] = decoder.run(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
+        if reference:
+            row["vanilla_latency_s"] = decoder.reference(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
+        write_json(path, row)
+
+
+def aligned_batches(start: int, end: int, size: int) -> list[list[int]]:
+    """[start, end) cut at the multiples of `size`: the same batches whichever shard range they fall in."""
+    cuts = [start] + list(range((start // size + 1) * size, end, size)) + [end]
+    return [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="lantern sample", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint")
@@ -195,7 +219,12 @@ def parse_args(argv):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up image")
+    ap.add_argument("--batch-size", type=int, default=1, help="images decoded together (aligned to the image "
+                    "index; per-image times become batch wall time / B); 1 = the paper's per-image latency")
+    ap.add_argument("--latency-images", type=int, default=0, help="with --batch-size > 1: also decode the first K "
+                    "images alone (and, with --in-job-vanilla, with plain AR alone): batch-1 latency (latency_s, "
+                    "vanilla_latency_s)")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up batch")
     ap.add_argument("--in-job-vanilla", action="store_true",
                     help="also decode every image with plain AR in this job and record its latency "
                          "(vanilla_time_total_s): a speed-up reference from the same machine at the same moment")
@@ -206,6 +235,9 @@ def main(argv: list[str]) -> None:
     a = parse_args(argv)
     if not 0 <= a.start < a.end:
         raise UserError(f"need 0 <= --start < --end, got {a.start} and {a.end}")
+    if a.batch_size < 1 or a.latency_images < 0:
+        raise UserError(f"--batch-size must be >= 1 and --latency-images >= 0, got {a.batch_size} and "
+                        f"{a.latency_images}")
     method = normalize(read_structured(a.method, "--method"), "--method")
     sampling = read_structured(a.sampling, "--sampling")
     params = params_from({**sampling, **(GREEDY if a.mode == "greedy" else {})}, SamplingParams, "--sampling.")
@@ -231,27 +263,40 @@ def main(argv: list[str]) -> None:
     (partial / "images").mkdir(parents=True, exist_ok=True)
     (partial / "rows").mkdir(exist_ok=True)
     reference = a.in_job_vanilla and method["name"] != "vanilla"
+    batches = aligned_batches(a.start, a.end, a.batch_size)
     if not a.no_warmup:  # first calls pay for allocation and kernel selection; keep that out of every latency
-        cond, cond_mask = condition(a.start)
-        decoder.run(cond, image_generator(a.seed, a.start), cond_mask)
+        first = batches[0]
+        cond, cond_mask = condition(first)
+        generators = [image_generator(a.seed, i) for i in first]
+        decoder.run(cond, generators, cond_mask)
         if reference:
-            decoder.reference(cond, image_generator(a.seed, a.start), cond_mask)
+            decoder.reference(cond, [image_generator(a.seed, i) for i in first], cond_mask)
+        if a.batch_size > 1 and a.latency_images:  # batch 1 has kernels and allocations of its own
+            cond, cond_mask = condition(first[:1])
+            decoder.run(cond, [image_generator(a.seed, first[0])], cond_mask)
+            if reference:
+                decoder.reference(cond, [image_generator(a.seed, first[0])], cond_mask)
     started = time.time()
-    for i in range(a.start, a.end):
-        row_path = partial / "rows" / f"{i:06d}.json"
-        if row_path.exists():
+    for batch in batches:
+        row_paths = [partial / "rows" / f"{i:06d}.json" for i in batch]
+        if all(p.exists() for p in row_paths):
             continue
-        cond, cond_mask = condition(i)
-        tokens, stats = decoder.run(cond, image_generator(a.seed, i), cond_mask)
-        with torch.no_grad():
-            image = to_uint8(vq.decode_code(tokens.view(1, -1).to(device)))[0]
-        save_png(image, partial / "images" / f"{i:06d}.png")
-        row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
-               "mode": a.mode, **stats.row(), "tokens": " ".join(map(str, tokens.tolist()))}
-        if reference:  # timed right after the method's image: both see the same machine load
-            row[IN_JOB_REFERENCE] = decoder.reference(cond, image_generator(a.seed, i), cond_mask)[1].time_total_s
-        write_json(row_path, row)
+        cond, cond_mask = condition(batch)
+        tokens, stats = decoder.run(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
+        if reference:  # timed right after the method's batch: both see the same machine load
+            _, plain = decoder.reference(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
+        for b, i in enumerate(batch):
+            with torch.no_grad():  # one image at a time: its pixels never depend on the batch
+                image = to_uint8(vq.decode_code(tokens[b : b + 1].to(device)))[0]
+            save_png(image, partial / "images" / f"{i:06d}.png")
+            row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
+                   "mode": a.mode, **stats[b].row(), "tokens": " ".join(map(str, tokens[b].tolist()))}
+            if reference:
+                row[IN_JOB_REFERENCE] = plain[b].time_total_s
+            write_json(row_paths[b], row)
 
+    if a.batch_size > 1:
+        time_alone(decoder, condition, partial, a, reference)
     drop_outside_range(partial, a.start, a.end)
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]
     if [r["image_index"] for r in rows] != list(range(a.start, a.end)):  # never rename a folder that lies
@@ -260,7 +305,8 @@ def main(argv: list[str]) -> None:
         pd.DataFrame(rows).to_csv(tmp, index=False)
     write_json(partial / "manifest.json", {
         "method": method, "sampling": dataclasses.asdict(params),
-        "mode": a.mode, "seed": a.seed, "start": a.start, "end": a.end, "target": a.target, "vq": a.vq,
+        "mode": a.mode, "seed": a.seed, "start": a.start, "end": a.end, "batch_size": a.batch_size,
+        "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
         "wall_s_this_run": time.time() - started,

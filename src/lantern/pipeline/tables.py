@@ -157,6 +157,7 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     spec = methods.normalize(methods.applicable(manifest["method"]), f"{mode}/{point} method")
     # the node budget: drafts verified per target forward at most (chain gamma, tree nodes, Jacobi window)
     row["draft_nodes"] = methods.drafting(spec).nodes if methods.speculative(spec) else math.nan
+    row.update(batch_latency(stats, lat))
     sampling = manifest.get("sampling", {})
     # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
     row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
@@ -176,6 +177,23 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
                                    "depth": np.arange(len(counts)), "steps": counts,
                                    "fraction": counts / counts.sum()}, columns=DEPTH_COLUMNS)
     return row, positions, depth_rows
+
+
+def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
+    """The batch size, and the per-image latency at batch 1 (the paper's setting) with its in-job speed-up: the
+    generation's own times when it ran at batch 1, else the images also decoded alone (`--latency-images`)."""
+    batch = int(stats["batch_size"].max()) if "batch_size" in stats else 1
+    if batch == 1:
+        alone, plain = per_image, stats.get(IN_JOB_REFERENCE)
+    elif "latency_s" in stats:
+        timed = stats["latency_s"].notna()
+        alone, plain = stats.loc[timed, "latency_s"].to_numpy(float), stats.loc[timed].get("vanilla_latency_s")
+    else:
+        alone, plain = np.zeros(0), None
+    plain = plain.to_numpy(float) if plain is not None and plain.notna().all() and len(plain) else None
+    return {"batch_size": batch, "latency_b1_images": len(alone),
+            "latency_b1_s_per_image": alone.mean() if len(alone) else math.nan,
+            "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan}
 
 
 def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
@@ -271,7 +289,9 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
              "In-job speed-up (the headline, when generated with `sweep.in_job_vanilla`) = plain AR timed in the same "
-             "job, image by image / the method; across-jobs speed-up = mean latency of the vanilla point / of the "
+             "job on the same batch / the method; with batches of B > 1 per-image times are batch wall time / B "
+             "(throughput), and 'batch 1' is the paper's per-image latency, from images also decoded alone "
+             "(`sweep.latency_images`); across-jobs speed-up = per-image time of the vanilla point / of the "
              "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
              f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
              "the difference (bootstrap over the generated images; CLIP: per-image SEM); unmarked differences are "
@@ -280,28 +300,42 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
               "clip_cosine": (p.fraction_digits + 1, False), "precision": (p.fraction_digits, False),
               "recall": (p.fraction_digits, False), "kid_mean": (p.distance_figures, True)}
     for mode, part in sweep.groupby("mode", sort=False):
-        in_job = int((part["speedup_kind"] == "in-job").all())
+        speed = speed_columns(part)
         lines += [f"## {mode}", "",
-                  "| Method | Setting | τ (incl. bonus) | " + "In-job speed-up | " * in_job + "Speed-up across jobs"
+                  "| Method | Setting | τ (incl. bonus) | " + " | ".join(speed) +
                   " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Images |",
-                  "|" + "|".join(["---"] * 2 + ["---:"] * (10 + in_job)) + "|"]
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (9 + len(speed))) + "|"]
         for _, r in part.iterrows():
             beyond = beyond_band(r, p.band_z)
             quality = " | ".join(_fmt(r[c], d, significant=sig) + "†" * (c in beyond) for c, (d, sig) in digits.items())
             lines.append(
-                f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} "
-                + (f"| {_fmt(r['speedup_vs_in_job_vanilla'], 2, '×')} " if in_job else "")
-                + f"| {_fmt(r['speedup_vs_vanilla'], 2, '×')} | {_fmt(r['step_compression'], 2, '×')} "
-                f"| {quality} | {int(r['n_images'])} |")
+                f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} | "
+                + " | ".join(_fmt(r[c], 2, "×") for c in speed.values())
+                + f" | {_fmt(r['step_compression'], 2, '×')} | {quality} | {int(r['n_images'])} |")
         lines += noise_lines(part, digits, p)
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
                     ("fid_extractor", "extractor", "reference_kind", "n_reference", "resolution", "resize_filter",
-                     "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature")
+                     "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature",
+                     "batch_size", "latency_b1_images")
                     if c in part and part[c].dropna().nunique() == 1]
         if protocol:
             lines += ["", "Protocol: " + "; ".join(protocol) + "."]
         lines.append("")
     return "\n".join(lines)
+
+
+def speed_columns(part: pd.DataFrame) -> dict[str, str]:
+    """header -> column of a mode's speed-ups: in-job at the generation's batch size (the headline, when measured),
+    in-job at batch 1 when the batched generation also timed images alone, and across jobs."""
+    batch = int(part["batch_size"].max()) if "batch_size" in part else 1
+    at = f" (batch {batch})" if batch > 1 else ""
+    out = {}
+    if (part["speedup_kind"] == "in-job").all():
+        out[f"In-job speed-up{at}"] = "speedup_vs_in_job_vanilla"
+    if batch > 1 and "speedup_b1_in_job" in part and (part["speedup_b1_in_job"].notna()).all():
+        out["In-job speed-up (batch 1)"] = "speedup_b1_in_job"
+    out[f"Speed-up across jobs{at}"] = "speedup_vs_vanilla"
+    return out
 
 
 def beyond_band(row, band_z: float) -> list[str]:

@@ -1,0 +1,94 @@
+"""`lantern sample --batch-size`: index-aligned batches give the images of one-by-one decoding, resume whole
+batches, and time batch-1 latency on request; shard boundaries fall on batch multiples."""
+import json
+
+import pandas as pd
+import pytest
+
+import lantern.pipeline.sample as sample_module
+from lantern.pipeline.config import shard_alignment, shard_ranges
+from lantern.pipeline.sample import aligned_batches, main as sample
+from lantern.pipeline.tables import sweep_table
+from tiny import one_thread, save_world, tiny_target  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+EXACT = '{"name": "exact", "drafting": "chain", "gamma": 3}'
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return save_world(tmp_path_factory.mktemp("batched"), tiny_target("c2i"))
+
+
+def draw(world, out, *extra, method=EXACT, start=0, end=5):
+    sample(["--target", str(world / "target.pt"), "--vq", str(world / "vq.pt"), "--drafter", str(world / "drafter.pt"),
+            "--method", method, "--sampling", '{"cfg_scale": 2.0}', "--seed", "3", "--start", str(start),
+            "--end", str(end), "--out", str(out), "--device", "cpu", "--threads", "1", "--no-warmup", *extra])
+    return pd.read_csv(out / "stats.csv", keep_default_na=False)
+
+
+def test_aligned_batches_and_shard_ranges():
+    assert aligned_batches(0, 5, 3) == [[0, 1, 2], [3, 4]]
+    assert aligned_batches(4, 11, 4) == [[4, 5, 6, 7], [8, 9, 10]]
+    assert aligned_batches(5, 7, 4) == [[5, 6], ]  # a range inside one aligned block
+    assert aligned_batches(2, 4, 1) == [[2], [3]]
+    assert shard_ranges(200, 2) == [(0, 100), (100, 200)]
+    assert shard_ranges(200, 2, 8) == [(0, 96), (96, 200)]
+    assert shard_ranges(10, 3, 1) == [(0, 3), (3, 6), (6, 10)]
+    assert shard_alignment({"batch_size": {"greedy": 4, "sampling": 6}}) == 12
+
+
+@pytest.mark.parametrize("method", ['{"name": "vanilla"}', EXACT])
+def test_a_batch_draws_the_images_of_one_by_one_decoding(world, tmp_path, method):
+    alone = draw(world, tmp_path / "alone", method=method)
+    batched = draw(world, tmp_path / "batched", "--batch-size", "3", method=method)
+    assert batched.tokens.tolist() == alone.tokens.tolist()
+    assert batched.batch_size.tolist() == [3, 3, 3, 2, 2] and (alone.batch_size == 1).all()
+    for i in range(5):
+        png = f"images/{i:06d}.png"
+        assert (tmp_path / "batched" / png).read_bytes() == (tmp_path / "alone" / png).read_bytes()
+    assert json.loads((tmp_path / "batched" / "manifest.json").read_text())["batch_size"] == 3
+
+
+def test_a_killed_job_redoes_its_unfinished_batch_in_full(world, tmp_path, monkeypatch):
+    real_save, saved = sample_module.save_png, []
+
+    def save_then_die(array, path):
+        if len(saved) == 4:  # the first batch of 3 is complete, the second one half written
+            raise KeyboardInterrupt
+        saved.append(path)
+        real_save(array, path)
+
+    with monkeypatch.context() as m:
+        m.setattr(sample_module, "save_png", save_then_die)
+        with pytest.raises(KeyboardInterrupt):
+            draw(world, tmp_path / "out", "--batch-size", "3", end=6)
+    decoded = []
+    real_run = sample_module.Decoder.__init__
+
+    def spy(self, *a, **kw):
+        real_run(self, *a, **kw)
+        run = self.run
+        self.run = lambda cond, generators, mask=None: decoded.append(len(generators)) or run(cond, generators, mask)
+
+    monkeypatch.setattr(sample_module.Decoder, "__init__", spy)
+    resumed = draw(world, tmp_path / "out", "--batch-size", "3", end=6)
+    assert decoded == [3]  # the finished batch kept, the half-written one decoded again in full
+    assert resumed.tokens.tolist() == draw(world, tmp_path / "whole", "--batch-size", "3", end=6).tokens.tolist()
+
+
+def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
+    root = tmp_path / "gen" / "sampling"
+    for point, method in (("vanilla", '{"name": "vanilla"}'), ("exact-chain-g3", EXACT)):
+        stats = draw(world, root / point / "shard0", "--batch-size", "3", "--latency-images", "2", "--in-job-vanilla",
+                     method=method)
+        timed = stats["latency_s"] != ""
+        assert timed.tolist() == [True, True, False, False, False]
+        assert ("vanilla_latency_s" in stats) == (point != "vanilla")
+    sweep, _, _ = sweep_table([root / p / "shard0" for p in ("vanilla", "exact-chain-g3")], [])
+    row = sweep.set_index("point").loc["exact-chain-g3"]
+    stats = pd.read_csv(root / "exact-chain-g3" / "shard0" / "stats.csv")
+    assert row["batch_size"] == 3 and row["latency_b1_images"] == 2
+    assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
+    assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
+    assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
