@@ -25,9 +25,13 @@ def fid_label(df: pd.DataFrame, short: bool = False) -> str:
 
 
 def speed_label(df: pd.DataFrame) -> str:
-    """The speed axis names its ratio: in-job (plain AR timed in the method's own job) or across jobs."""
+    """The speed axis names its ratio: in-job (plain AR timed in the method's own job) or across jobs, and the
+    batch size when images were decoded in batches (a throughput ratio, not a latency one)."""
     kinds = sorted(df["speedup_kind"].dropna().unique()) if "speedup_kind" in df else []
-    return f"speed-up over AR (×, {' / '.join(kinds)})" if kinds else "speed-up over AR (×)"
+    batches = sorted(int(b) for b in df["batch_size"].dropna().unique()) if "batch_size" in df else []
+    if batches and batches != [1]:
+        kinds.append("batch " + "/".join(map(str, batches)))
+    return f"speed-up over AR (×, {', '.join(kinds)})" if kinds else "speed-up over AR (×)"
 
 
 def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
