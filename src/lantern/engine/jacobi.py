@@ -19,17 +19,23 @@ of the paper's random initialisation (the authors' code was not available to con
 drafter-based decoders (speculative.py); entries past the accepted prefix are overwritten by the next forward.
 Stats: drafter_forwards = 0, accepted_per_step = window tokens accepted per iteration (the correction or bonus token
 not counted), tree_depth = the window verified.
+Batches (`batched_jacobi_generate`): the images still decoding advance together, one target forward per iteration
+over all their windows (ragged, the layout of batched.py: per-row positions, cache rows and a scratch slot for the
+padding), each image refilling, accepting and refining with its own generator exactly as `jacobi_decode` does
+(the same `Image` methods), so its tokens and stats never depend on the batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
+from lantern.engine.batched import SCRATCH, batch_probs, cache_rows, pack, ragged
 from lantern.engine.chain import chain_probs, verify_chain
+from lantern.engine.generate import cfg_rows, prefill
 from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, pick
 from lantern.engine.speculative import check_one_image, target_prefill
@@ -50,6 +56,49 @@ class Jacobi:
         return self.window
 
 
+@dataclass
+class Image:
+    """One image's Jacobi state, and its steps of one iteration (shared by the single-image and batched loops)."""
+
+    index: int  # b: its cache rows are b (and b + B under CFG) in a batch (batched.cache_rows)
+    generator: torch.Generator
+    tokens: list[int]
+    Q: int  # target position of the newest token y
+    stats: ImageStats
+    window: list[int] = field(default_factory=list)  # x_1..x_L
+    qs: list[Tensor] = field(default_factory=list)  # the distributions they were drawn from
+
+    def refill(self, jacobi: Jacobi, N: int, uniform: Tensor) -> None:
+        """Step 1: the window topped up to L (fewer near the image's end) with uniform draws."""
+        L = min(jacobi.window, N - len(self.tokens))
+        self.window, self.qs = self.window[:L], self.qs[:L]
+        fresh = L - len(self.window)
+        if fresh:
+            self.window += torch.randint(len(uniform), (fresh,), generator=self.generator,
+                                         device=uniform.device).tolist()
+            self.qs += [uniform] * fresh
+
+    def accept(self, P: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule, N: int) -> int | None:
+        """Step 3 from the target's P [>= L + 1, V] at positions Q..Q+L: the accepted prefix and the correction or
+        bonus token committed; returns the prefix length a, None once the image is complete."""
+        a, p = verify_chain(P[: len(self.window) + 1], self.qs, self.window, params, table, rule, self.generator)
+        self.tokens += self.window[:a]
+        self.stats.accepted_per_step.append(a)
+        self.stats.tree_depth.append(len(self.window))
+        if len(self.tokens) == N:
+            return None
+        self.tokens.append(pick(p, params, self.generator))
+        self.Q += a + 1
+        return a
+
+    def refine(self, P: Tensor, a: int, params: SamplingParams, N: int) -> None:
+        """Step 4: positions after the new token get this iteration's guesses there, conditioned on the rejected
+        prefix (P_{L+1} included, never past the image's end)."""
+        later = range(a + 1, min(len(self.window) + 1, N - (len(self.tokens) - a - 1)))
+        self.window = [pick(P[j], params, self.generator) for j in later]
+        self.qs = [P[j] for j in later]
+
+
 @torch.no_grad()
 def jacobi_decode(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,
                   generator: torch.Generator, table: Tensor | None = None,
@@ -63,40 +112,83 @@ def jacobi_decode(target: GPT, cond: Tensor, params: SamplingParams, rule: Accep
     first, cond_emb, _, _ = target_prefill(target, cond, params, generator, timer, cond_mask)
     R = cond_emb.shape[0]
     uniform = torch.full((V,), 1.0 / V, device=device)
-    tokens, window, qs = [first], [], []
-    Q = T
-    stats = ImageStats(n_tokens=N, target_forwards=1)
+    im = Image(0, generator, [first], T, ImageStats(n_tokens=N, target_forwards=1))
 
-    while len(tokens) < N:
-        n_done = len(tokens)
-        L = min(jacobi.window, N - n_done)
+    while len(im.tokens) < N:
         with timer.section("draft"):
-            window, qs = window[:L], qs[:L]
-            fresh = L - len(window)
-            if fresh:
-                window += torch.randint(V, (fresh,), generator=generator, device=device).tolist()
-                qs += [uniform] * fresh
+            im.refill(jacobi, N, uniform)
         with timer.section("verify"):
-            seq = torch.tensor([tokens[-1]] + window, device=device)
+            L, Q = len(im.window), im.Q
+            seq = torch.tensor([im.tokens[-1]] + im.window, device=device)
             pos = torch.arange(Q, Q + L + 1, device=device)
             logits, _ = target.forward_cached(target.embed_tokens(seq.expand(R, -1)), pos, pos,
                                               causal_mask(L + 1, target.cache_len, device, start=Q))
-            stats.target_forwards += 1
+            im.stats.target_forwards += 1
         with timer.section("other"):
-            P = chain_probs(logits, params, n_done)
-            a, p = verify_chain(P, qs, window, params, table, rule, generator)
-            tokens += window[:a]
-            stats.accepted_per_step.append(a)
-            stats.tree_depth.append(L)
-            if len(tokens) == N:
-                break
-            tokens.append(pick(p, params, generator))
-            Q += a + 1
+            P = chain_probs(logits, params, len(im.tokens))
+            a = im.accept(P, params, table, rule, N)
+        if a is None:
+            break
         with timer.section("draft"):
-            # positions after the new token: this iteration's guesses there, conditioned on the rejected prefix
-            later = range(a + 1, min(L + 1, N - n_done))
-            window = [pick(P[j], params, generator) for j in later]
-            qs = [P[j] for j in later]
+            im.refine(P, a, params, N)
 
     target.clear_cache()
-    return torch.tensor(tokens, device=device), stats.finish(timer)
+    return torch.tensor(im.tokens, device=device), im.stats.finish(timer)
+
+
+@torch.no_grad()
+def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,
+                            generators: list[torch.Generator], table: Tensor | None = None,
+                            cond_mask: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
+    """Speculative Jacobi decoding of a batch, all images at once; same contract (and tokens, and stats but the
+    times, which are the batch's wall time per section / B) as `jacobi_decode` image by image."""
+    B, N, T, V = cond.shape[0], target.args.image_tokens, target.args.cls_token_num, target.args.vocab_size
+    if len(generators) != B:
+        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
+    check_one_image(cond[:1], rule, table)  # the rule's neighbour-table check (batches are ours to take)
+    device = target.output.weight.device
+    timer = StepTimer(device)
+    reset_peak_memory(device)
+    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
+    R = rows.shape[0] // B
+    with timer.section("other"):
+        target.setup_cache(rows.shape[0], extra=SCRATCH)
+    with timer.section("verify"):
+        logits, _ = prefill(target, rows, rows_mask)
+    with timer.section("other"):
+        p0 = batch_probs(logits[:, None], params, torch.zeros(B, 1, dtype=torch.long, device=device))
+        images = [Image(b, g, [pick(p0[b, 0], params, g)], T, ImageStats(n_tokens=N, target_forwards=1))
+                  for b, g in enumerate(generators)]
+    uniform = torch.full((V,), 1.0 / V, device=device)
+
+    while active := [im for im in images if len(im.tokens) < N]:
+        with timer.section("draft"):
+            for im in active:
+                im.refill(jacobi, N, uniform)
+        with timer.section("verify"):  # one forward over every active image's [y, x_1..x_L], padded to the longest
+            seqs = [[im.tokens[-1]] + im.window for im in active]
+            lengths = [len(s) for s in seqs]
+            x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
+            pos, slots, visible = ragged([im.Q for im in active], lengths, R, target.cache_len, device)
+            logits, _ = target.forward_rows(target.embed_tokens(x), pos, slots, visible,
+                                            cache_rows(active, B, R, device))
+            for im in active:
+                im.stats.target_forwards += 1
+        with timer.section("other"):
+            index = torch.tensor([len(im.tokens) for im in active], device=device)[:, None] + torch.arange(
+                logits.shape[1], device=device)
+            P = batch_probs(logits, params, index)
+            accepted = [im.accept(P[i], params, table, rule, N) for i, im in enumerate(active)]
+        with timer.section("draft"):
+            for i, (im, a) in enumerate(zip(active, accepted)):
+                if a is not None:
+                    im.refine(P[i], a, params, N)
+
+    target.clear_cache()
+    stats = []
+    for im in images:
+        s = im.stats.finish(timer)
+        s.time_draft_s, s.time_verify_s, s.time_other_s = s.time_draft_s / B, s.time_verify_s / B, s.time_other_s / B
+        s.batch_size = B
+        stats.append(s)
+    return torch.tensor([im.tokens for im in images], device=device), stats

@@ -240,7 +240,7 @@ for _entry in (
     Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
-             "no drafter", (WINDOW,), _jacobi, drafter=False),
+             "no drafter", (WINDOW,), _jacobi, drafter=False, batched="jacobi:batched_jacobi_generate"),
 ):
     register(_entry)
 

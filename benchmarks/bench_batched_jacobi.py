@@ -1,0 +1,113 @@
+"""Batched speculative Jacobi decoding (engine/jacobi.py, batched_jacobi_generate) against batched vanilla decoding,
+per image, one process.
+
+    python benchmarks/bench_batched_jacobi.py [--images 32] [--batch 1 8 32] [--target T.pt --vq VQ.pt]
+        [--mode sampling] [--cfg 2.0] [--window 16] [--threads 1]
+
+Methods: vanilla (generate.generate), SJD (exact acceptance, Jacobi window 16) and GSD (window 16, k 50, group 14,
+gap 0.15, built by the registry as a sweep point is), each at every batch size; no drafter. Every method decodes
+the same --images images (class i mod num_classes, generator from (seed, i)) in batches of B; batches are the
+outer loop and methods the inner one, so a change in machine load hits every method alike; one untimed warm-up
+batch per method first. Per (method, batch): per-image wall time (batch time / B, averaged), tau (tokens per target
+forward, prefill counted). Ratios, all from this one run: batch-B vs batch-1 per-image cost of each method, and
+batched SJD / GSD vs batched vanilla per image at each batch size.
+The toy world's target and VQ (models/toy/default, `make run` ships them) are used when present; otherwise a
+random-weight target of the same shape (tau then means little, the timings still do).
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from bench_batched import TOY, TOY_ARGS
+from lantern.engine import methods
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.checkpoint import load_gpt
+from lantern.engine.generate import generate
+from lantern.engine.jacobi import Jacobi, batched_jacobi_generate
+from lantern.engine.model import GPT
+from lantern.engine.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.sampling import SamplingParams, image_generator
+
+
+def models(a) -> tuple[GPT, torch.Tensor, str]:
+    """(target, neighbour table [V, k], where they came from); the table as bench_batched.py builds it."""
+    paths = [Path(p) for p in (a.target, a.vq)]
+    if all(p.is_file() for p in paths):
+        return load_gpt(a.target), nearest_neighbours(read_codebook(a.vq), a.k).long(), f"checkpoint {a.target}"
+    missing = ", ".join(str(p) for p in paths if not p.is_file())
+    torch.manual_seed(0)
+    table = nearest_neighbours(torch.randn(TOY_ARGS.vocab_size, 8), a.k).long()
+    return GPT(TOY_ARGS).eval(), table, f"RANDOM weights of the toy shape ({missing} absent)"
+
+
+def decoders(target: GPT, table: torch.Tensor, params: SamplingParams, a) -> dict:
+    """name -> (cond [B], generators) -> stats."""
+    jacobi = Jacobi(a.window)
+    gsd = methods.rule(methods.normalize({"name": "gsd", "drafting": "jacobi", "window": a.window, "k": a.k,
+                                          "group": a.group, "gap": a.gap}))
+    return {
+        "vanilla": lambda cond, g: generate(target, cond, params, g)[1],
+        f"sjd(w={a.window})": lambda cond, g: batched_jacobi_generate(target, cond, params, AcceptRule(), jacobi, g)[1],
+        f"gsd(w={a.window},k={a.k},g={a.group},gap={a.gap:g})": lambda cond, g: batched_jacobi_generate(
+            target, cond, params, gsd, jacobi, g, table)[1],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=str(TOY / "target.pt"))
+    ap.add_argument("--vq", default=str(TOY / "vq.pt"), help="VQ checkpoint: its codebook gives the neighbour table")
+    ap.add_argument("--images", type=int, default=32, help="images per (method, batch size); >= the largest batch")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--mode", default="sampling", choices=["sampling", "greedy"])
+    ap.add_argument("--cfg", type=float, default=2.0)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--group", type=int, default=14)
+    ap.add_argument("--gap", type=float, default=0.15)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    if a.images < max(a.batch):
+        ap.error(f"--images {a.images} is below the largest batch {max(a.batch)}")
+    torch.set_num_threads(a.threads)
+    target, table, source = models(a)
+    params = SamplingParams(cfg_scale=a.cfg, greedy=a.mode == "greedy")
+    runs = decoders(target, table, params, a)
+    classes, n = target.args.num_classes, a.images
+    print(f"{source}; {target.args.image_tokens} tokens/image, {a.mode}, cfg {a.cfg}, window {a.window}, "
+          f"{n} images per point, {torch.get_num_threads()} thread(s), cpu")
+    rows = []
+    for B in a.batch:
+        cond = lambda first: torch.arange(first, first + B) % classes  # noqa: E731
+        gens = lambda first: [image_generator(a.seed, i) for i in range(first, first + B)]  # noqa: E731
+        for run in runs.values():  # warm-up
+            run(cond(0), [image_generator(a.seed + 1, i) for i in range(B)])
+        seconds, stats = dict.fromkeys(runs, 0.0), {m: [] for m in runs}
+        t_batch = time.perf_counter()
+        for first in range(0, n - n % B, B):
+            for m, run in runs.items():
+                t0 = time.perf_counter()
+                stats[m] += run(cond(first), gens(first))
+                seconds[m] += time.perf_counter() - t0
+        for m in runs:
+            s = stats[m]
+            rows.append({"method": m, "batch": B, "ms_per_image": 1e3 * seconds[m] / len(s),
+                         "tau": sum(x.n_tokens for x in s) / sum(x.target_forwards for x in s)})
+        print(f"batch {B}: {time.perf_counter() - t_batch:.0f} s")
+    df = pd.DataFrame(rows)
+    ms = df.set_index(["method", "batch"])["ms_per_image"]
+    B1 = min(a.batch)
+    df[f"cost_vs_batch{B1}"] = [ms[(m, b)] / ms[(m, B1)] for m, b in zip(df["method"], df["batch"])]
+    df["speedup_vs_vanilla"] = [ms[("vanilla", b)] / ms[(m, b)] for m, b in zip(df["method"], df["batch"])]
+    print(f"ms_per_image = batch wall time / B (mean); tau = tokens per target forward; cost_vs_batch{B1} = per-image "
+          f"time / the same method's at batch {B1}; speedup_vs_vanilla = batched vanilla / method per image, same batch")
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+
+
+if __name__ == "__main__":
+    main()

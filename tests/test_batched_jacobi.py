@@ -1,0 +1,100 @@
+"""Batched speculative Jacobi decoding (engine/jacobi.py, batched_jacobi_generate): every image decodes as it would
+alone (same tokens, iterations and stats as jacobi_decode, one image at a time), and exactness in distribution."""
+import pytest
+import torch
+
+from lantern.engine import methods
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.jacobi import Jacobi, batched_jacobi_generate, jacobi_decode
+from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.errors import UserError
+from test_batched import TABLE
+from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+
+RULES = {
+    "exact": AcceptRule(),
+    "gsd": methods.rule(methods.normalize({"name": "gsd", "drafting": "jacobi", "group": 6, "k": 5, "gap": 0.5})),
+}
+
+
+@pytest.fixture(scope="module")
+def f64():
+    """A tiny c2i target in float64 (batched and one-by-one matmuls then round to the same fp32 probabilities);
+    scale 8: peaked enough that Jacobi guesses are often accepted, flat enough that images differ."""
+    return tiny_target(scale=8.0).double()
+
+
+def check_same(target, cond, params, rule, window, cond_mask=None, seed=0):
+    """Batched == one by one: tokens, iterations and stats of every image; returns the batched stats."""
+    B = cond.shape[0]
+    want = [jacobi_decode(target, cond[i : i + 1], params, rule, Jacobi(window), g, TABLE,
+                          None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(gens(B, seed))]
+    got, stats = batched_jacobi_generate(target, cond, params, rule, Jacobi(window), gens(B, seed), TABLE, cond_mask)
+    assert got.shape == (B, target.args.image_tokens)
+    for b, (s, (tokens, w)) in enumerate(zip(stats, want)):
+        assert torch.equal(got[b], tokens)
+        assert s.accepted_per_step == w.accepted_per_step and s.tree_depth == w.tree_depth
+        assert (s.target_forwards, s.drafter_forwards, s.accepted_total) == \
+            (w.target_forwards, w.drafter_forwards, w.accepted_total)
+        assert s.tau == w.tau and s.batch_size == B and s.n_tokens == target.args.image_tokens
+        assert min(s.time_draft_s, s.time_verify_s, s.time_other_s) >= 0
+    return stats
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("greedy, cfg", [(True, 1.0), (True, 3.0), (False, 1.0), (False, 3.0)])
+def test_batched_equals_one_by_one(f64, rule, greedy, cfg):
+    check_same(f64, torch.arange(5) % 4, SamplingParams(cfg_scale=cfg, greedy=greedy), RULES[rule], 4)
+
+
+@pytest.mark.parametrize("B", [1, 3, 5])
+@pytest.mark.parametrize("window", [1, 4, 16])
+def test_ragged_iterations(f64, B, window):
+    """Images accept different lengths each iteration and finish in different iterations; windows shrink near an
+    image's end, so the forward pads the shorter windows. cfg_interval makes each position's distribution depend
+    on its own image-token index."""
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4, top_k=8, top_p=0.95)
+    stats = check_same(f64, torch.arange(B) % 4, params, RULES["gsd"], window, seed=3)
+    if B > 1 and window > 1:
+        assert len({len(s.accepted_per_step) for s in stats}) > 1
+    assert all(s.target_forwards == 1 + len(s.accepted_per_step) for s in stats)
+    assert all(d <= window for s in stats for d in s.tree_depth)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_t2i_ragged_caption_masks(greedy):
+    target = tiny_target("t2i", scale=8.0).double()
+    cond = torch.randn(4, 5, 12, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    for rule in RULES:
+        check_same(target, cond, SamplingParams(cfg_scale=2.0, greedy=greedy), RULES[rule], 4, cond_mask=mask)
+
+
+# as tests/test_jacobi.py: scale 30 is peaked enough that a wrong draft distribution q fails at p ~ 1e-36
+@pytest.mark.parametrize("cfg, top_k, window, scale", [(2.0, 2, 2, 30.0), (1.0, 0, 3, 4.0)])
+def test_batched_exact_sampling_reproduces_the_target_distribution(cfg, top_k, window, scale):
+    V, N, n, B = 3, 4, 700, 35
+    target = tiny_target(scale=scale, vocab_size=V, image_tokens=N, num_classes=2)
+    params = SamplingParams(cfg_scale=cfg, top_k=top_k)
+    seqs, joint = exact_joint(target, 1, params, V, N)
+    index = {tuple(s): i for i, s in enumerate(seqs.tolist())}
+    counts = torch.zeros(len(seqs), dtype=torch.float64)
+    accepted = rejected = 0
+    for first in range(0, n, B):
+        tokens, stats = batched_jacobi_generate(target, torch.ones(B, dtype=torch.long), params, AcceptRule(),
+                                                Jacobi(window), [image_generator(13, i) for i in range(first, first + B)])
+        for t, s in zip(tokens.tolist(), stats):
+            counts[index[tuple(t)]] += 1
+            accepted += s.accepted_total
+            rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
+    assert accepted > n / 6 and rejected > n / 20  # both paths ran often
+    assert chi_square_pvalue(joint, counts, n) > 1e-3
+
+
+def test_bad_calls(f64):
+    with pytest.raises(ValueError, match="one generator per image"):
+        batched_jacobi_generate(f64, torch.arange(3), SamplingParams(), AcceptRule(), Jacobi(4), gens(2))
+    with pytest.raises(UserError, match="neighbour table"):
+        batched_jacobi_generate(f64, torch.arange(2), SamplingParams(), RULES["gsd"], Jacobi(4), gens(2))
