@@ -1,10 +1,12 @@
-"""Batched chain speculative decoding (engine/batched.py) against batched vanilla decoding, per image, one process.
+"""Batched speculative decoding (engine/batched.py, batched_trees.py) against batched vanilla decoding, per image,
+one process.
 
     python benchmarks/bench_batched.py [--images 32] [--batch 1 8 32] [--target T.pt --drafter D.pt --vq VQ.pt]
-        [--mode sampling] [--cfg 2.0] [--threads 1]
+        [--mode sampling] [--cfg 2.0] [--threads 1] [--methods vanilla exact ...]
 
-Methods: vanilla (generate.generate), exact chain SD and LANTERN chain SD (delta 0.2, k 50), gamma 4, each at every
-batch size. Every method decodes the same --images images (class i mod num_classes, generator from (seed, i)) in
+Methods: vanilla (generate.generate); chains (gamma 4): exact and LANTERN (delta 0.2, k 50); static trees
+twin_chain_8 and naive_extend_57 (tc8, ne57), each exact and LANTERN++ (lam 5, k 50); the exact dynamic tree
+(EAGLE-2 defaults: 59 tokens, depth 4, top_k 10); each at every batch size (--methods picks some). Every method decodes the same --images images (class i mod num_classes, generator from (seed, i)) in
 batches of B; batches are the outer loop and methods the inner one, so a change in machine load hits every method
 alike; one untimed warm-up batch per method first. Per (method, batch): per-image wall time (batch time / B,
 averaged), tau (tokens per target forward, prefill counted). Ratios, all from this one run: batch-B vs batch-1
@@ -29,6 +31,7 @@ from lantern.engine.generate import generate
 from lantern.engine.model import GPT, ModelArgs
 from lantern.engine.neighbours import nearest_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.trees import DynamicTree, static_tree
 
 TOY = Path("models/toy/default")
 # the toy world's target (models/toy/default/target.json), for random weights when its checkpoints are absent
@@ -51,14 +54,29 @@ def models(a) -> tuple[GPT, Drafter, torch.Tensor, str]:
 
 def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: SamplingParams, a) -> dict:
     """name -> (cond [B], generators) -> stats."""
-    chain = Chain(a.gamma)
-    lantern = AcceptRule("lantern", delta=a.delta, k=a.k)
-    return {
+    exact, lantern = AcceptRule(), AcceptRule("lantern", delta=a.delta, k=a.k)
+    lanternpp = AcceptRule("lanternpp", lam=a.lam, k=a.k)
+    tc8, ne57 = static_tree("twin_chain_8"), static_tree("naive_extend_57")
+
+    def spec(rule, drafting):
+        return lambda cond, g: batched_speculative_generate(target, drafter, cond, params, rule, drafting, g, table)[1]
+
+    runs = {
         "vanilla": lambda cond, g: generate(target, cond, params, g)[1],
-        "exact": lambda cond, g: batched_speculative_generate(target, drafter, cond, params, AcceptRule(), chain, g)[1],
-        f"lantern(d={a.delta:g},k={a.k})": lambda cond, g: batched_speculative_generate(
-            target, drafter, cond, params, lantern, chain, g, table)[1],
+        "exact": spec(exact, Chain(a.gamma)),
+        f"lantern(d={a.delta:g},k={a.k})": spec(lantern, Chain(a.gamma)),
+        "exact tc8": spec(exact, tc8),
+        f"lantern++(l={a.lam:g},k={a.k}) tc8": spec(lanternpp, tc8),
+        "exact ne57": spec(exact, ne57),
+        f"lantern++(l={a.lam:g},k={a.k}) ne57": spec(lanternpp, ne57),
+        "exact dynamic": spec(exact, DynamicTree()),
     }
+    if a.methods:
+        unknown = [m for m in a.methods if m not in runs]
+        if unknown:
+            raise SystemExit(f"unknown method(s) {unknown}; choose from {list(runs)}")
+        runs = {m: runs[m] for m in runs if m == "vanilla" or m in a.methods}  # vanilla: the ratios' baseline
+    return runs
 
 
 def main():
@@ -73,6 +91,8 @@ def main():
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--delta", type=float, default=0.2)
     ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--lam", type=float, default=5.0, help="LANTERN++ lambda of the static-tree methods")
+    ap.add_argument("--methods", nargs="+", help="only these methods (names as in the table; vanilla always runs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
@@ -84,7 +104,8 @@ def main():
     runs = decoders(target, drafter, table, params, a)
     classes, n = target.args.num_classes, a.images
     print(f"{source}; {target.args.image_tokens} tokens/image, {a.mode}, cfg {a.cfg}, gamma {a.gamma}, "
-          f"{n} images per point, {torch.get_num_threads()} thread(s), cpu")
+          f"{n} images per point, {torch.get_num_threads()} thread(s), cpu; tc8 = static tree twin_chain_8, "
+          f"ne57 = naive_extend_57, dynamic = EAGLE-2 tree (59 tokens, depth 4, top_k 10)")
     rows = []
     for B in a.batch:
         cond = lambda first: torch.arange(first, first + B) % classes  # noqa: E731

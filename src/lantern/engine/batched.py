@@ -1,4 +1,6 @@
 """Batched chain speculative decoding: B images advance together, each at its own pace (ragged acceptance).
+Draft trees (static, dynamic) take the same loop with tree rounds: batched_trees.py, which
+batched_speculative_generate hands them to.
 
 Every image keeps exactly the state `speculative.speculative_decode` keeps for it alone (its tokens, the target
 position Q of its newest token y, the drafter's pending catch-up inputs from drafter position `start`) and draws
@@ -40,6 +42,7 @@ from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, pick, row_probs
 from lantern.engine.speculative import check_one_image
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
+from lantern.engine.trees import Draft, TreeRounds
 
 SCRATCH = 1  # spare cache slots past the real positions: where padded queries write
 
@@ -56,7 +59,7 @@ class Image:
     pend_emb: Tensor  # [R, S, d] drafter inputs at positions start.. start + S - 1
     pend_h: Tensor  # [R, S, d] the target's hidden states there
     stats: ImageStats
-    draft: ChainDraft | None = None  # this round's drafts
+    draft: ChainDraft | Draft | None = None  # this round's drafts (a chain's, or a tree's: batched_trees.py)
 
 
 def cache_rows(images: list[Image], B: int, R: int, device) -> Tensor | None:
@@ -95,15 +98,16 @@ def batch_probs(logits: Tensor, params: SamplingParams, index: Tensor) -> Tensor
 
 
 def prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams, generators: list[torch.Generator],
-            timer: StepTimer, cond_mask: Tensor | None) -> list[Image]:
-    """speculative_prefill for the whole batch: both caches set up, one target forward over every condition row,
-    each image's first token drawn with its own generator."""
+            timer: StepTimer, cond_mask: Tensor | None, target_extra: int = 0, drafter_extra: int = 0) -> list[Image]:
+    """speculative_prefill for the whole batch: both caches set up (`*_extra` slots for tree nodes, then the
+    scratch slot), one target forward over every condition row, each image's first token drawn with its own
+    generator."""
     B, N, T = cond.shape[0], target.args.image_tokens, target.args.cls_token_num
     device = target.output.weight.device
     rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
     with timer.section("other"):
-        target.setup_cache(rows.shape[0], extra=SCRATCH)
-        drafter.setup_cache(rows.shape[0], extra=SCRATCH, cond_mask=rows_mask)
+        target.setup_cache(rows.shape[0], extra=target_extra + SCRATCH)
+        drafter.setup_cache(rows.shape[0], extra=drafter_extra + SCRATCH, cond_mask=rows_mask)
     with timer.section("verify"):
         if rows_mask is not None:
             target.set_cond_mask(rows_mask)
@@ -122,9 +126,8 @@ def prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,
     return images
 
 
-def draft(drafter: Drafter, images: list[Image], chain: Chain, params: SamplingParams, B: int, N: int) -> None:
-    """Chain.draft for every active image: one batched catch-up, then batched drafter steps over the images that
-    still draft. Sets each image's `draft`."""
+def catch_up(drafter: Drafter, images: list[Image], B: int) -> list[Tensor]:
+    """The drafter's catch-up of every active image in one forward (ragged): each image's predicted h_Q [R, 1, d]."""
     device = drafter.fc.weight.device
     n, R = len(images), images[0].pend_emb.shape[0]
     lengths = [im.pend_emb.shape[1] for im in images]
@@ -132,7 +135,15 @@ def draft(drafter: Drafter, images: list[Image], chain: Chain, params: SamplingP
     pos, slots, visible = ragged([im.start for im in images], lengths, R, drafter.cache_len, device)
     out = drafter.forward_rows(pack([im.pend_emb for im in images], S), pack([im.pend_h for im in images], S),
                                pos, slots, visible, cache_rows(images, B, R, device))
-    preds = [out[i::n, L - 1 : L] for i, L in enumerate(lengths)]  # each image's predicted h_Q [R, 1, d]
+    return [out[i::n, L - 1 : L] for i, L in enumerate(lengths)]
+
+
+def draft(drafter: Drafter, images: list[Image], chain: Chain, params: SamplingParams, B: int, N: int) -> None:
+    """Chain.draft for every active image: one batched catch-up, then batched drafter steps over the images that
+    still draft. Sets each image's `draft`."""
+    device = drafter.fc.weight.device
+    n, R = len(images), images[0].pend_emb.shape[0]
+    preds = catch_up(drafter, images, B)
     gammas = [min(chain.gamma, N - len(im.tokens)) for im in images]
     for im in images:
         im.draft = ChainDraft([], [], R)
@@ -196,17 +207,22 @@ def batched_speculative_generate(
     cond: Tensor,
     params: SamplingParams,
     rule: AcceptRule,
-    chain: Chain,
+    chain: Chain | TreeRounds,
     generators: list[torch.Generator],
     table: Tensor | None = None,
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, list[ImageStats]]:
-    """Chain speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate."""
+    """Speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate.
+    Chains here; static and dynamic draft trees (trees.TreeRounds) in batched_trees.py."""
     B, N = cond.shape[0], target.args.image_tokens
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
+    if isinstance(chain, TreeRounds):
+        from lantern.engine.batched_trees import batched_tree_generate
+
+        return batched_tree_generate(target, drafter, cond, params, rule, chain, generators, table, cond_mask)
     if not isinstance(chain, Chain):
-        raise ValueError(f"batched speculative decoding drafts chains only, got {type(chain).__name__}")
+        raise ValueError(f"batched speculative decoding drafts chains and draft trees, got {type(chain).__name__}")
     check_one_image(cond[:1], rule, table)  # the rule's neighbour-table check (batches are ours to take)
     chain.check(target)
     device = target.output.weight.device
@@ -224,12 +240,17 @@ def batched_speculative_generate(
             P = batch_probs(logits, params, index)
             for i, im in enumerate(active):
                 commit(im, P[i], hidden[i :: len(active)], drafter, params, table, rule, N)
+    return finish(target, drafter, images, timer)
+
+
+def finish(target: GPT, drafter: Drafter, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+    """Caches freed; (tokens [B, N], stats per image with the batch's section times / B)."""
     target.clear_cache()
     drafter.clear_cache()
-    stats = []
+    B, stats = len(images), []
     for im in images:
         s = im.stats.finish(timer)
         s.time_draft_s, s.time_verify_s, s.time_other_s = s.time_draft_s / B, s.time_verify_s / B, s.time_other_s / B
         s.batch_size = B
         stats.append(s)
-    return torch.tensor([im.tokens for im in images], device=device), stats
+    return torch.tensor([im.tokens for im in images], device=target.output.weight.device), stats

@@ -176,6 +176,12 @@ class KVCache(nn.Module):
         self.k[:, :, dst_start : dst_start + n] = self.k[:, :, src]
         self.v[:, :, dst_start : dst_start + n] = self.v[:, :, src]
 
+    def keep_rows(self, rows: Tensor, src: Tensor, dst: Tensor) -> None:
+        """`keep` with its own moves per cache row: entry j copies slot src[j] of row rows[j] to slot dst[j] (all
+        [M]); every source is read before any destination is written."""
+        self.k[rows, :, dst] = self.k[rows, :, src]
+        self.v[rows, :, dst] = self.v[rows, :, src]
+
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
@@ -366,6 +372,11 @@ class GPT(nn.Module):
     def keep(self, src: Tensor, dst_start: int) -> None:
         for layer in self.layers:
             layer.attention.kv_cache.keep(src, dst_start)
+
+    def keep_rows(self, rows: Tensor, src: Tensor, dst: Tensor) -> None:
+        """Per-row `keep` (batched draft trees): cache row rows[j]'s slot src[j] moves to slot dst[j]."""
+        for layer in self.layers:
+            layer.attention.kv_cache.keep_rows(rows, src, dst)
 
     def forward_cached(self, x: Tensor, pos: Tensor, slots: Tensor, visible: Tensor):
         """Cached pass: embeddings x [B, S, dim] at RoPE positions `pos`, written to `slots`.

@@ -86,10 +86,41 @@ class Draft:
         return self.tokens[path].tolist()
 
 
+@dataclass
+class TreePass:
+    """One drafter pass a tree's growth asks for, relative to y's target position Q: nodes `tokens` [S] at drafter
+    position Q + pos, written to drafter cache slots Q + slots [S], each seeing the committed prefix and the tree
+    slots anc [S, m] from Q on, and reading its parent's predicted hidden state hidden [R, S, d]. Its answer: the
+    predicted hidden states [R, S, d] and their distributions [S, V] (row_probs at image-token index
+    n_done + pos + 1). One image's growth runs its passes alone (run_growth); batched decoding runs those of many
+    images in one drafter forward (batched_trees.py)."""
+
+    tokens: Tensor
+    hidden: Tensor
+    pos: int
+    slots: Tensor
+    anc: Tensor
+
+
+def run_growth(growth, drafter: Drafter, params: SamplingParams, Q: int, n_done: int) -> "Draft":
+    """Drive a tree's `growth` (a generator of TreePass requests returning the Draft) for one image."""
+    answer = None
+    while True:
+        try:
+            ask = growth.send(answer)
+        except StopIteration as done:
+            return done.value
+        R = ask.hidden.shape[0]
+        emb = drafter.embed_tokens(ask.tokens)[None].expand(R, -1, -1)
+        pos = torch.full((len(ask.tokens),), Q + ask.pos, device=ask.tokens.device)
+        hidden = drafter_tree_pass(drafter, emb, ask.hidden, pos, Q + ask.slots, ask.anc, Q)
+        answer = hidden, row_probs(drafter.head(hidden), params, n_done + ask.pos + 1)
+
+
 class TreeRounds:
-    """The round of speculative.speculative_decode for draft trees: `grow` is the shape's own drafting. A shape
-    names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
-    write)."""
+    """The round of speculative.speculative_decode for draft trees: `growth` is the shape's own drafting, a
+    generator of the drafter passes it needs (TreePass) that returns the Draft. A shape names its reserved cache
+    slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes write)."""
 
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
@@ -100,6 +131,11 @@ class TreeRounds:
               generator: torch.Generator) -> "Draft":
         q_root = row_probs(drafter.head(pred), params, n_done)[0]
         return self.grow(drafter, pred, q_root, params, Q, n_done, left, generator)
+
+    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
+             max_depth: int, generator: torch.Generator) -> "Draft":
+        """Grow the tree (at most max_depth deep) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
+        return run_growth(self.growth(pred, q_root, params, max_depth, generator), drafter, params, Q, n_done)
 
     def verify(self, target: GPT, y: int, draft: "Draft", Q: int) -> tuple[Tensor, Tensor]:
         return verify_tree(target, y, draft, Q)
@@ -193,11 +229,11 @@ class StaticTree(TreeRounds):
     def describe(self) -> str:
         return f"static tree {self.name} ({self.n} nodes, depth {self.depth})"
 
-    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-             max_depth: int, generator: torch.Generator) -> Draft:
-        """Grow the shape (cut at max_depth) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
+               generator: torch.Generator):
+        """The shape cut at max_depth, a level at a time (TreeRounds.growth)."""
         shape = self.upto(max_depth)
-        R, device = pred.shape[0], pred.device
+        device = pred.device
         sampled = not params.greedy
         tokens = torch.empty(shape.n, dtype=torch.long, device=device)
         keys = torch.empty(shape.n, dtype=torch.float64, device=device) if sampled else None
@@ -212,11 +248,8 @@ class StaticTree(TreeRounds):
             tokens[lvl.lo : lvl.hi] = top.indices[lvl.parent_row, lvl.rank]
             if not len(lvl.runners):
                 break
-            emb = drafter.embed_tokens(tokens[lvl.runners])[None].expand(R, -1, -1)
-            pos = torch.full((len(lvl.runners),), Q + d, device=device)
-            hidden = drafter_tree_pass(drafter, emb, hidden[:, lvl.runner_parent_row], pos, Q + lvl.runners,
-                                       lvl.runner_anc, Q)
-            q = row_probs(drafter.head(hidden), params, n_done + d + 1)
+            hidden, q = yield TreePass(tokens[lvl.runners], hidden[:, lvl.runner_parent_row], d, lvl.runners,
+                                       lvl.runner_anc)
             qs.append(q)
         children = shape.children
         if sampled:  # a child past the support of q (keys -inf) is never offered
@@ -262,9 +295,10 @@ class DynamicTree(TreeRounds):
     def describe(self) -> str:
         return f"dynamic tree (total_tokens {self.total_tokens}, depth {self.depth}, top_k {self.top_k})"
 
-    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-             max_depth: int, generator: torch.Generator) -> Draft:
-        R, device = pred.shape[0], pred.device
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
+               generator: torch.Generator):
+        """EAGLE-2's expansions, one drafter pass each (TreeRounds.growth); draws nothing from `generator`."""
+        device = pred.device
         k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
         score, tok = q_root.log().topk(k)
@@ -274,11 +308,8 @@ class DynamicTree(TreeRounds):
         anc[:, :k] = torch.eye(k, dtype=torch.bool, device=device)
         offered = k
         for e in range(1, levels):
-            emb = drafter.embed_tokens(tok)[None].expand(R, -1, -1)
-            pos = torch.full((k,), Q + e - 1, device=device)
-            slots = Q + (e - 1) * k + torch.arange(k, device=device)
-            hidden = drafter_tree_pass(drafter, emb, hidden, pos, slots, anc, Q)
-            ls, lt = row_probs(drafter.head(hidden), params, n_done + e).log().topk(k, dim=-1)
+            hidden, q = yield TreePass(tok, hidden, e - 1, (e - 1) * k + torch.arange(k, device=device), anc)
+            ls, lt = q.log().topk(k, dim=-1)
             cs = (score[:, None] + ls).flatten()
             c_tok.append(lt.flatten())
             c_score.append(cs)

@@ -1,0 +1,173 @@
+"""Batched draft-tree speculative decoding (static trees, EAGLE-2 dynamic trees): batched.py's ragged loop with the
+rounds of trees.py, so that every image decodes exactly as speculative_decode decodes it alone.
+
+Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
+drafter passes it needs, trees.TreePass, and draws from the image's generator: a static tree's Gumbel keys, cut to
+the tokens the image has left), and the image's round is accepted by the tree's `accept` with its generator. What
+is batched are the forwards, over the images still decoding:
+1. draft: ONE drafter catch-up forward (batched.catch_up), the root distributions of every image at once, then
+   each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
+   tree's level, a dynamic tree's expansion), each row at its own positions Q_b + pos, slots Q_b + node slots and
+   tree mask over the slots from Q_b on, padded to the widest;
+2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
+   the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
+3. accept and commit per image as speculative_decode does; the accepted paths' target cache entries move into
+   consecutive slots in one per-row move (GPT.keep_rows), and the true hidden states of y and the accepted nodes
+   become the image's next catch-up inputs.
+Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.batched import Image, batch_probs, cache_rows, catch_up, finish, pack, prefill
+from lantern.engine.drafter import Drafter
+from lantern.engine.model import GPT
+from lantern.engine.sampling import SamplingParams, pick
+from lantern.engine.speculative import check_one_image
+from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
+from lantern.engine.trees import Draft, TreePass, TreeRounds, _visible
+
+
+def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
+    """(pos, slots, visible) [R * n, S, ...] in forward layout from each image's [S_i] positions and slots and
+    [S_i, cache_len] visibility, padded to the longest: padding at position 0 writes the scratch slot, sees nothing
+    but it."""
+    S = max(len(p) for p in pos)
+    pos = torch.stack([F.pad(p, (0, S - len(p))) for p in pos])
+    slots = torch.stack([F.pad(s, (0, S - len(s)), value=cache_len - 1) for s in slots])
+    visible = torch.stack([F.pad(v, (0, 0, 0, S - len(v))) for v in visible])
+    return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
+
+
+def tree_passes(drafter: Drafter, images: list[Image], asks: list[TreePass], params: SamplingParams,
+                B: int) -> list[tuple[Tensor, Tensor]]:
+    """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden [R, S_i, d],
+    distributions [S_i, V]), as trees.run_growth answers it alone."""
+    device = drafter.fc.weight.device
+    n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+    sizes = [len(a.tokens) for a in asks]
+    S = max(sizes)
+    emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
+    emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
+    pos, slots, visible = per_row([torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
+                                  [im.Q + a.slots for im, a in zip(images, asks)],
+                                  [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
+    out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible,
+                               cache_rows(images, B, R, device))
+    index = torch.tensor([[len(im.tokens) + a.pos + 1] for im, a in zip(images, asks)], device=device).expand(-1, S)
+    q = batch_probs(drafter.head(out), params, index)
+    return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
+
+
+def draft(drafter: Drafter, images: list[Image], tree: TreeRounds, params: SamplingParams, B: int, N: int) -> None:
+    """TreeRounds.draft for every active image, the drafter forwards batched. Sets each image's `draft`."""
+    device = drafter.fc.weight.device
+    preds = catch_up(drafter, images, B)
+    index = torch.tensor([[len(im.tokens)] for im in images], device=device)
+    q_root = batch_probs(drafter.head(pack(preds, 1)), params, index)[:, 0]
+    growing, asks = {}, {}
+
+    def advance(i: int, answer) -> None:
+        try:
+            asks[i] = growing[i].send(answer)
+        except StopIteration as done:
+            images[i].draft = done.value
+            images[i].stats.drafter_forwards += 1 + done.value.drafter_passes
+            del growing[i], asks[i]
+
+    for i, im in enumerate(images):
+        growing[i] = tree.growth(preds[i], q_root[i], params, N - len(im.tokens), im.generator)
+        asks[i] = None
+        advance(i, None)
+    while asks:
+        order = list(asks)
+        answers = tree_passes(drafter, [images[i] for i in order], [asks[i] for i in order], params, B)
+        for i, answer in zip(order, answers):
+            advance(i, answer)
+
+
+def verify(target: GPT, images: list[Image], B: int) -> tuple[Tensor, Tensor]:
+    """TreeRounds.verify (trees.verify_tree) for every active image in one forward: (logits, hidden)
+    [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions."""
+    device = target.output.weight.device
+    R, L = images[0].pend_emb.shape[0], target.cache_len
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    drafts: list[Draft] = [im.draft for im in images]
+    seqs = [torch.cat([torch.tensor([im.tokens[-1]], device=device), d.tokens]) for im, d in zip(images, drafts)]
+    S = max(len(s) for s in seqs)
+    tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
+    pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
+                                  [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
+                                  [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)], R, L)
+    for im in images:
+        im.stats.target_forwards += 1
+    return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, cache_rows(images, B, R, device))
+
+
+def commit(target: GPT, drafter: Drafter, images: list[Image], tree: TreeRounds, logits: Tensor, hidden: Tensor,
+           params: SamplingParams, table: Tensor | None, rule: AcceptRule, B: int, N: int) -> None:
+    """speculative_decode's accept and commit for every active image; the cache moves of all of them at once."""
+    device = target.output.weight.device
+    n, R = len(images), images[0].pend_emb.shape[0]
+    rows, src, dst = [], [], []
+    for i, im in enumerate(images):
+        d, mine = im.draft, slice(i, None, n)
+        path, p = tree.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), table, rule, im.generator)
+        a = len(path)
+        moved = [(s, j) for j, s in enumerate(path) if s != j]
+        for r in range(R):
+            rows += [im.index + r * B] * len(moved)
+            src += [im.Q + 1 + s for s, _ in moved]
+            dst += [im.Q + 1 + j for _, j in moved]
+        im.tokens += d.tokens_at(path)
+        im.stats.accepted_per_step.append(a)
+        im.stats.tree_depth.append(d.max_depth)
+        if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
+            continue
+        im.tokens.append(pick(p, params, im.generator))
+        im.pend_emb = drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
+        im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
+        im.start, im.Q = im.Q, im.Q + a + 1
+    if rows:
+        target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
+
+
+@torch.no_grad()
+def batched_tree_generate(
+    target: GPT,
+    drafter: Drafter,
+    cond: Tensor,
+    params: SamplingParams,
+    rule: AcceptRule,
+    tree: TreeRounds,
+    generators: list[torch.Generator],
+    table: Tensor | None = None,
+    cond_mask: Tensor | None = None,
+) -> tuple[Tensor, list[ImageStats]]:
+    """Draft-tree speculative decoding of a batch, all images at once; same contract (and tokens) as
+    speculative.generate with a StaticTree or DynamicTree."""
+    B, N = cond.shape[0], target.args.image_tokens
+    if len(generators) != B:
+        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
+    check_one_image(cond[:1], rule, table)
+    tree.check(target)
+    device = target.output.weight.device
+    timer = StepTimer(device)
+    reset_peak_memory(device)
+    with timer.section("other"):
+        tree = tree.to(device)
+    images = prefill(target, drafter, cond, params, generators, timer, cond_mask, tree.target_extra,
+                     tree.drafter_extra)
+    while active := [im for im in images if len(im.tokens) < N]:
+        with timer.section("draft"):
+            draft(drafter, active, tree, params, B, N)
+        with timer.section("verify"):
+            logits, hidden = verify(target, active, B)
+        with timer.section("other"):
+            commit(target, drafter, active, tree, logits, hidden, params, table, rule, B, N)
+    return finish(target, drafter, images, timer)
