@@ -92,3 +92,11 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
     assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
     assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
+
+
+def test_compiled_vanilla_draws_the_eager_images(world, tmp_path):
+    """--compile true runs plain AR's decode step through torch.compile (inductor here): the same images."""
+    eager = draw(world, tmp_path / "eager", "--batch-size", "3", method='{"name": "vanilla"}')
+    built = draw(world, tmp_path / "compiled", "--batch-size", "3", "--compile", "true", method='{"name": "vanilla"}')
+    assert built.tokens.tolist() == eager.tokens.tolist()
+    assert json.loads((tmp_path / "compiled" / "manifest.json").read_text())["compile"] is True

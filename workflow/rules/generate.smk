@@ -26,6 +26,7 @@ rule generate:
                           "--in-job-vanilla" if config["sweep"]["in_job_vanilla"] else ""])
         ),
         batch=lambda w: config["sweep"]["batch_size"][w.mode],
+        compile=str(config["compile"]).lower(),
         latency=config["sweep"]["latency_images"],
     conda:
         "../../environment.yml"
@@ -33,4 +34,4 @@ rule generate:
         "lantern-gpu-run lantern sample --target {input.target:q} --vq {input.vq:q} {params.extra}"
         " --method {params.method} --sampling {params.sampling} --mode {wildcards.mode} --seed {params.seed}"
         " --start {params.start} --end {params.end} --out {output:q} --device {params.device} --dtype {params.dtype}"
-        " --batch-size {params.batch} --latency-images {params.latency} --threads {threads} > {log:q} 2>&1"
+        " --compile {params.compile} --batch-size {params.batch} --latency-images {params.latency} --threads {threads} > {log:q} 2>&1"

@@ -1,10 +1,16 @@
-"""Vanilla autoregressive decoding: `prefill`, `decode_one_token`, `generate` (the upstream LlamaGen names)."""
+"""Vanilla autoregressive decoding: `prefill`, `decode_one_token`, `generate` (the upstream LlamaGen names).
+
+`generate` feeds every decode step through `decode_step`, whose shapes never change along an image (the position is
+a tensor and the causal mask is built from it), so `generate(..., compile=True)` can run that very function through
+torch.compile (engine/compiled.py): one graph per model shape and batch, gpt-fast style.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from lantern.engine import compiled
 from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, logits_to_probs, mix_cfg, next_tokens
 from lantern.engine.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
@@ -40,6 +46,16 @@ def decode_one_token(model: GPT, token: Tensor, input_pos: int):
     return logits[:, -1], hidden[:, -1]
 
 
+def decode_step(model: GPT, token: Tensor, input_pos: Tensor):
+    """decode_one_token with static shapes, the function engine/compiled.py compiles: token [rows], input_pos a
+    1-element long tensor on the model's device; the mask is built from input_pos inside, so one graph serves every
+    position. Same numbers as decode_one_token(model, token, int(input_pos))."""
+    pos = input_pos.view(1)
+    visible = torch.arange(model.cache_len, device=pos.device)[None, :] <= pos[:, None]  # causal_mask(1, L, start=pos)
+    logits, hidden = model.forward_cached(model.embed_tokens(token.view(-1, 1)), pos, pos, visible)
+    return logits[:, -1], hidden[:, -1]
+
+
 def duplicate_for_cfg(tokens: Tensor, params: SamplingParams) -> Tensor:
     return torch.cat([tokens, tokens]) if params.use_cfg else tokens
 
@@ -51,8 +67,13 @@ def generate(
     params: SamplingParams,
     generators: list[torch.Generator],
     cond_mask: Tensor | None = None,
+    compile: bool = False,
 ) -> tuple[Tensor, list[ImageStats]]:
-    """Vanilla AR decoding of a batch; returns image tokens [B, N] and one ImageStats per image."""
+    """Vanilla AR decoding of a batch; returns image tokens [B, N] and one ImageStats per image.
+
+    compile: run each decode step through torch.compile (engine/compiled.py; the first call per model shape and
+    batch compiles, inside the timed "verify" section) on a KV cache kept for the next call; the prefill and the
+    sampling (per-image generators) stay eager. Off: plain eager steps, the reference numbers."""
     B, N, T = cond.shape[0], model.args.image_tokens, model.args.cls_token_num
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
@@ -61,8 +82,14 @@ def generate(
     reset_peak_memory(device)
     rows, rows_mask = cfg_rows(model, cond, params, cond_mask)
     with timer.section("other"):
-        model.setup_cache(rows.shape[0])
+        if compile:
+            step = compiled.compiled_step(decode_step, device)
+            compiled.setup_static_cache(model, rows.shape[0])
+        else:
+            step = decode_step
+            model.setup_cache(rows.shape[0])
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
+    input_pos = torch.tensor([T], device=device)
     with timer.section("verify"):
         logits, _ = prefill(model, rows, rows_mask)
     for i in range(N):
@@ -71,7 +98,8 @@ def generate(
         if i == N - 1:
             break
         with timer.section("verify"):
-            logits, _ = decode_one_token(model, duplicate_for_cfg(tokens[:, i], params), T + i)
+            logits, _ = step(model, duplicate_for_cfg(tokens[:, i], params), input_pos)
+            input_pos += 1
     model.clear_cache()
     peak = peak_memory(device)
     per_image = lambda s: timer.seconds.get(s, 0.0) / B  # noqa: E731 - a batch shares its wall time

@@ -28,6 +28,7 @@ from PIL import Image
 
 from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
+from lantern.engine.compiled import resolve
 from lantern.engine.methods import build_decoder, normalize, speculative
 from lantern.errors import UserError
 from lantern.engine.generate import generate
@@ -73,8 +74,9 @@ class Decoder:
 
     def __init__(self, method: dict, params: SamplingParams, target_path: str, device: torch.device, dtype: str,
                  drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None,
-                 spec: dict | None = None):
+                 spec: dict | None = None, compile: str = "auto"):
         self.method, self.params, self.device = method, params, device
+        self.compile = resolve({"true": True, "false": False}.get(compile, compile), device)
         # spec only when given: upstream files need one, ours carry their args
         self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
         self.reference = self._vanilla
@@ -84,7 +86,7 @@ class Decoder:
             self.run = self._vanilla
 
     def _vanilla(self, cond: torch.Tensor, generators: list[torch.Generator], cond_mask: torch.Tensor | None = None):
-        return generate(self.target, cond, self.params, generators, cond_mask)
+        return generate(self.target, cond, self.params, generators, cond_mask, compile=self.compile)
 
 
 class Conditions:
@@ -146,7 +148,7 @@ def job_identity(a) -> dict:
             "mode": a.mode,
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
             "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla,
-            "batch_size": a.batch_size, "latency_images": a.latency_images}
+            "batch_size": a.batch_size, "latency_images": a.latency_images, "compile": a.compile}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -219,6 +221,8 @@ def parse_args(argv):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto",
+                    help="torch.compile plain AR's decode step (auto: on CUDA only)")
     ap.add_argument("--batch-size", type=int, default=1, help="images decoded together (aligned to the image "
                     "index; per-image times become batch wall time / B); 1 = the paper's per-image latency")
     ap.add_argument("--latency-images", type=int, default=0, help="with --batch-size > 1: also decode the first K "
@@ -251,7 +255,7 @@ def main(argv: list[str]) -> None:
 
     from lantern.engine.vq import load_vq
 
-    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec)
+    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile)
     condition = Conditions(a, decoder.target)
     vq = load_vq(a.vq, device=str(device))
     if decoder.target.args.vocab_size > vq.args.codebook_size:
@@ -306,6 +310,7 @@ def main(argv: list[str]) -> None:
     write_json(partial / "manifest.json", {
         "method": method, "sampling": dataclasses.asdict(params),
         "mode": a.mode, "seed": a.seed, "start": a.start, "end": a.end, "batch_size": a.batch_size,
+        "compile": decoder.compile,
         "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
