@@ -1,12 +1,14 @@
-"""Batched speculative decoding (engine/batched.py, batched_trees.py) against batched vanilla decoding, per image,
-one process.
+"""Batched speculative decoding (engine/batched.py, batched_trees.py, jacobi.py) against batched vanilla decoding,
+per image, one process.
 
     python benchmarks/bench_batched.py [--images 32] [--batch 1 8 32] [--target T.pt --drafter D.pt --vq VQ.pt]
         [--mode sampling] [--cfg 2.0] [--threads 1] [--methods vanilla exact ...]
 
 Methods: vanilla (generate.generate); chains (gamma 4): exact and LANTERN (delta 0.2, k 50); static trees
 twin_chain_8 and naive_extend_57 (tc8, ne57), each exact and LANTERN++ (lam 5, k 50); the exact dynamic tree
-(EAGLE-2 defaults: 59 tokens, depth 4, top_k 10); each at every batch size (--methods picks some). Every method decodes the same --images images (class i mod num_classes, generator from (seed, i)) in
+(EAGLE-2 defaults: 59 tokens, depth 4, top_k 10); SJD and GSD (Jacobi window 16; GSD k 50, group 14, gap 0.15,
+built by the registry as a sweep point is); each at every batch size (--methods picks some).
+Every method decodes the same --images images (class i mod num_classes, generator from (seed, i)) in
 batches of B; batches are the outer loop and methods the inner one, so a change in machine load hits every method
 alike; one untimed warm-up batch per method first. Per (method, batch): per-image wall time (batch time / B,
 averaged), tau (tokens per target forward, prefill counted). Ratios, all from this one run: batch-B vs batch-1
@@ -22,12 +24,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.batched import batched_speculative_generate
 from lantern.engine.chain import Chain
 from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import Drafter, load_drafter
 from lantern.engine.generate import generate
+from lantern.engine.jacobi import Jacobi, batched_jacobi_generate
 from lantern.engine.model import GPT, ModelArgs
 from lantern.engine.neighbours import nearest_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
@@ -57,6 +61,9 @@ def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: Samplin
     exact, lantern = AcceptRule(), AcceptRule("lantern", delta=a.delta, k=a.k)
     lanternpp = AcceptRule("lanternpp", lam=a.lam, k=a.k)
     tc8, ne57 = static_tree("twin_chain_8"), static_tree("naive_extend_57")
+    jacobi = Jacobi(a.window)
+    gsd = methods.rule(methods.normalize({"name": "gsd", "drafting": "jacobi", "window": a.window, "k": a.k,
+                                          "group": a.group, "gap": a.gap}))
 
     def spec(rule, drafting):
         return lambda cond, g: batched_speculative_generate(target, drafter, cond, params, rule, drafting, g, table)[1]
@@ -70,6 +77,9 @@ def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: Samplin
         "exact ne57": spec(exact, ne57),
         f"lantern++(l={a.lam:g},k={a.k}) ne57": spec(lanternpp, ne57),
         "exact dynamic": spec(exact, DynamicTree()),
+        f"sjd(w={a.window})": lambda cond, g: batched_jacobi_generate(target, cond, params, exact, jacobi, g)[1],
+        f"gsd(w={a.window},k={a.k},g={a.group},gap={a.gap:g})": lambda cond, g: batched_jacobi_generate(
+            target, cond, params, gsd, jacobi, g, table)[1],
     }
     if a.methods:
         unknown = [m for m in a.methods if m not in runs]
@@ -92,6 +102,9 @@ def main():
     ap.add_argument("--delta", type=float, default=0.2)
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--lam", type=float, default=5.0, help="LANTERN++ lambda of the static-tree methods")
+    ap.add_argument("--window", type=int, default=16, help="Jacobi window of SJD and GSD")
+    ap.add_argument("--group", type=int, default=14, help="GSD group")
+    ap.add_argument("--gap", type=float, default=0.15, help="GSD probability gap")
     ap.add_argument("--methods", nargs="+", help="only these methods (names as in the table; vanilla always runs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

@@ -15,7 +15,7 @@ from lantern.engine.model import causal_mask
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import generate as spec_generate
 from lantern.errors import UserError
-from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,13 +43,7 @@ def check_same(target, drafter, cond, params, rule, gamma=4, cond_mask=None, see
                                      cond_mask)
     got, stats = batched_speculative_generate(target, drafter, cond, params, rule, Chain(gamma), gens(B, seed), TABLE,
                                               cond_mask)
-    assert torch.equal(got, want)
-    for s, w in zip(stats, want_stats):
-        assert s.accepted_per_step == w.accepted_per_step and s.tree_depth == w.tree_depth
-        assert (s.target_forwards, s.drafter_forwards, s.accepted_total) == \
-            (w.target_forwards, w.drafter_forwards, w.accepted_total)
-        assert s.tau == w.tau and s.batch_size == B and s.n_tokens == target.args.image_tokens
-        assert min(s.time_draft_s, s.time_verify_s, s.time_other_s) >= 0
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     return stats
 
 

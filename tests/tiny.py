@@ -41,6 +41,17 @@ def save_world(root, target):
     return root
 
 
+def assert_same_decodes(got, stats, want, want_stats, n_tokens: int) -> None:
+    """A batched decode (tokens [B, N], stats) equals one-by-one decodes of its images: tokens, rounds, forwards."""
+    assert torch.equal(got, want)
+    for s, w in zip(stats, want_stats, strict=True):
+        assert s.accepted_per_step == w.accepted_per_step and s.tree_depth == w.tree_depth
+        assert (s.target_forwards, s.drafter_forwards, s.accepted_total) == \
+            (w.target_forwards, w.drafter_forwards, w.accepted_total)
+        assert s.tau == w.tau and s.batch_size == len(stats) and s.n_tokens == n_tokens
+        assert min(s.time_draft_s, s.time_verify_s, s.time_other_s) >= 0
+
+
 def exact_joint(target, label, params, V, N):
     """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
     seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))

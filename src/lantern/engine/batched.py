@@ -37,10 +37,9 @@ from torch import Tensor
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.chain import Chain, ChainDraft, verify_chain
 from lantern.engine.drafter import Drafter
-from lantern.engine.generate import cfg_rows
-from lantern.engine.model import GPT, causal_mask
+from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick, row_probs
-from lantern.engine.speculative import check_one_image
+from lantern.engine.speculative import check_one_image, prefill_rows
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
 from lantern.engine.trees import Draft, TreeRounds
 
@@ -104,18 +103,10 @@ def prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams,
     generator."""
     B, N, T = cond.shape[0], target.args.image_tokens, target.args.cls_token_num
     device = target.output.weight.device
-    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
+    logits, cond_emb, hidden, rows_mask = prefill_rows(target, cond, params, timer, cond_mask, target_extra + SCRATCH)
+    images, R = [], cond_emb.shape[0] // B
     with timer.section("other"):
-        target.setup_cache(rows.shape[0], extra=target_extra + SCRATCH)
-        drafter.setup_cache(rows.shape[0], extra=drafter_extra + SCRATCH, cond_mask=rows_mask)
-    with timer.section("verify"):
-        if rows_mask is not None:
-            target.set_cond_mask(rows_mask)
-        pos = torch.arange(T, device=device)
-        cond_emb = target.embed_cond(rows)
-        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
-    images, R = [], rows.shape[0] // B
-    with timer.section("other"):
+        drafter.setup_cache(cond_emb.shape[0], extra=drafter_extra + SCRATCH, cond_mask=rows_mask)
         p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))
         for b, g in enumerate(generators):
             mine = slice(b, None, B)  # rows b (and B + b)

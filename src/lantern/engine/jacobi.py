@@ -35,10 +35,9 @@ from torch import Tensor
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.batched import SCRATCH, batch_probs, cache_rows, pack, ragged
 from lantern.engine.chain import chain_probs, verify_chain
-from lantern.engine.generate import cfg_rows, prefill
 from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, pick
-from lantern.engine.speculative import check_one_image, target_prefill
+from lantern.engine.speculative import check_one_image, prefill_rows, target_prefill
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
 from lantern.errors import UserError
 
@@ -149,14 +148,10 @@ def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, r
     device = target.output.weight.device
     timer = StepTimer(device)
     reset_peak_memory(device)
-    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
-    R = rows.shape[0] // B
+    logits, cond_emb, _, _ = prefill_rows(target, cond, params, timer, cond_mask, SCRATCH)
+    R = cond_emb.shape[0] // B
     with timer.section("other"):
-        target.setup_cache(rows.shape[0], extra=SCRATCH)
-    with timer.section("verify"):
-        logits, _ = prefill(target, rows, rows_mask)
-    with timer.section("other"):
-        p0 = batch_probs(logits[:, None], params, torch.zeros(B, 1, dtype=torch.long, device=device))
+        p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))
         images = [Image(b, g, [pick(p0[b, 0], params, g)], T, ImageStats(n_tokens=N, target_forwards=1))
                   for b, g in enumerate(generators)]
     uniform = torch.full((V,), 1.0 / V, device=device)

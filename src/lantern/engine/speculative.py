@@ -75,11 +75,11 @@ def check_one_image(cond: Tensor, rule: AcceptRule, table: Tensor | None) -> Non
         raise UserError(f"{rule.describe()} needs a neighbour table with >= {rule.table_width} neighbours per code")
 
 
-def target_prefill(target: GPT, cond: Tensor, params: SamplingParams, generator: torch.Generator, timer: StepTimer,
-                   cond_mask: Tensor | None = None, target_extra: int = 0):
-    """The target's cache set up (`target_extra` slots for tree nodes), the target run over the condition and the
-    first image token drawn. Returns (first token, condition embeddings, their hidden states, the rows' mask); the
-    rows are the CFG rows (cfg_rows). Shared by every speculative decoder (drafter-based ones and Jacobi decoding)."""
+def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepTimer, cond_mask: Tensor | None = None,
+                 target_extra: int = 0):
+    """The target's cache set up for the CFG rows of `cond` (cfg_rows; `target_extra` spare slots) and the target
+    run over the condition positions. Returns (logits, condition embeddings, their hidden states, the rows' mask).
+    Shared by the single-image and the batched speculative decoders."""
     device = target.output.weight.device
     T = target.args.cls_token_num
     rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
@@ -91,6 +91,14 @@ def target_prefill(target: GPT, cond: Tensor, params: SamplingParams, generator:
         pos = torch.arange(T, device=device)
         cond_emb = target.embed_cond(rows)
         logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
+    return logits, cond_emb, hidden, rows_mask
+
+
+def target_prefill(target: GPT, cond: Tensor, params: SamplingParams, generator: torch.Generator, timer: StepTimer,
+                   cond_mask: Tensor | None = None, target_extra: int = 0):
+    """`prefill_rows` and the first image token drawn. Returns (first token, condition embeddings, their hidden
+    states, the rows' mask). Shared by every single-image speculative decoder (drafter-based ones and Jacobi)."""
+    logits, cond_emb, hidden, rows_mask = prefill_rows(target, cond, params, timer, cond_mask, target_extra)
     with timer.section("other"):
         first = pick(row_probs(logits[:, -1], params, 0), params, generator)
     return first, cond_emb, hidden, rows_mask
