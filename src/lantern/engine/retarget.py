@@ -17,7 +17,8 @@ retarget's invariants (tests/test_rules_tv.py):
   proportional allocation (each surplus code offers its surplus to its neighbouring deficits in proportion to
   their deficits, each deficit takes at most its deficit, and the round's flow is scaled into the budget left),
   each round feasible, so the result is feasible and usually near the maximum, not provably equal to it.
-Cost per position: O(V k) gathers and scatter-adds (ROUNDS of them); no loop over codes.
+Cost per position: O(V k) to find the edges from a surplus into a deficit, then ROUNDS of gathers and scatter-adds
+over those edges only; no loop over codes.
 
 Deterministic drafts (q None: greedy chains, EAGLE-2 / greedy trees), whose tokens are a function of the drafter
 alone: q is taken as the indicator of the candidates (the point mass on x for a chain), so p~ moves up to delta of
@@ -60,6 +61,9 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     row = torch.arange(B, device=p.device).repeat_interleave(src.numel() // B)
     give = (p2 - q2).clamp(min=0.0).reshape(-1)
     take = (q2 - p2).clamp(min=0.0).reshape(-1)
+    # only edges from a surplus into a deficit ever carry flow (both only shrink): a peaked q leaves few of the 2 V k
+    live = (give.index_select(0, src) > 0) & (take.index_select(0, dst) > 0)
+    src, dst, row = src[live], dst[live], row[live]
     budget = torch.full((B,), float(delta), dtype=torch.float64, device=p.device)
     moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(give)
     for _ in range(rounds):
