@@ -27,6 +27,7 @@ import torch
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.batched import batched_speculative_generate
+from lantern.engine.batched_trees import batched_tree_generate
 from lantern.engine.chain import Chain
 from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import Drafter, load_drafter
@@ -66,7 +67,8 @@ def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: Samplin
                                           "group": a.group, "gap": a.gap}))
 
     def spec(rule, drafting):
-        return lambda cond, g: batched_speculative_generate(target, drafter, cond, params, rule, drafting, g, table)[1]
+        decode = batched_speculative_generate if isinstance(drafting, Chain) else batched_tree_generate
+        return lambda cond, g: decode(target, drafter, cond, params, rule, drafting, g, table)[1]
 
     runs = {
         "vanilla": lambda cond, g: generate(target, cond, params, g)[1],

@@ -101,6 +101,7 @@ CONFIGS = [
     ("bootstrap-one", {"metrics": {"bootstrap": 1}}, r"metrics\.bootstrap = 1 gives no spread"),
     ("batch-size-zero", {"sweep": {"batch_size": {"sampling": 0}}}, r"sweep\.batch_size\.sampling"),
     ("compile-word", {"compile": "yes"}, r"compile = 'yes'"),
+    ("latency-images-negative", {"sweep": {"latency_images": -1}}, r"sweep\.latency_images"),
     ("batch-size-unknown-mode", {"sweep": {"batch_size": {"beam": 4}}}, r"unknown key sweep\.batch_size\.beam"),
     ("shards-beyond-batches", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 8}}},
      r"leaves a shard without images"),

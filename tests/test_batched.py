@@ -15,7 +15,7 @@ from lantern.engine.model import causal_mask
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import generate as spec_generate
 from lantern.errors import UserError
-from tiny import assert_same_decodes, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,12 +71,7 @@ def test_ragged_rounds(f64, B, gamma):
 @pytest.mark.parametrize("options", [DrafterOptions(), AUTHORS_LLAMAGEN], ids=["ours", "authors"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_t2i_ragged_caption_masks(options, greedy):
-    target = tiny_target("t2i").double()
-    drafter = Drafter.from_target(target, options).eval().double()
-    for w in (drafter.fc.weight, drafter.layer.attention.wqkv.weight, drafter.layer.attention.wo.weight):
-        torch.nn.init.normal_(w, std=0.4)  # untrained, yet its drafts depend on which captions it sees
-    cond = torch.randn(4, 5, 12, dtype=torch.float64)
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    target, drafter, cond, mask = ragged_t2i(options)
     for rule in ("exact", "lantern"):
         check_same(target, drafter, cond, SamplingParams(cfg_scale=2.0, greedy=greedy), RULES[rule], cond_mask=mask)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batched_speculative_generate
+from lantern.engine.batched_trees import batched_tree_generate
 from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
 from lantern.engine.model import KVCache
 from lantern.engine.sampling import SamplingParams, image_generator
@@ -15,7 +15,7 @@ from lantern.engine.speculative import generate as spec_generate
 from lantern.engine.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
 from test_batched import RULES, TABLE
-from tiny import assert_same_decodes, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +39,7 @@ def check_same(target, drafter, cond, params, rule, tree, cond_mask=None, seed=0
     """Batched == one by one: tokens, rounds and stats of every image; returns the batched stats."""
     B = cond.shape[0]
     want, want_stats = spec_generate(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE, cond_mask)
-    got, stats = batched_speculative_generate(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE,
+    got, stats = batched_tree_generate(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE,
                                               cond_mask)
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     return stats
@@ -81,12 +81,7 @@ def test_ragged_rounds(f64, monkeypatch, B, tree):
 @pytest.mark.parametrize("options", [DrafterOptions(), AUTHORS_LLAMAGEN], ids=["ours", "authors"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_t2i_ragged_caption_masks(options, greedy):
-    target = tiny_target("t2i").double()
-    drafter = Drafter.from_target(target, options).eval().double()
-    for w in (drafter.fc.weight, drafter.layer.attention.wqkv.weight, drafter.layer.attention.wo.weight):
-        torch.nn.init.normal_(w, std=0.4)  # untrained, yet its drafts depend on which captions it sees
-    cond = torch.randn(4, 5, 12, dtype=torch.float64)
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    target, drafter, cond, mask = ragged_t2i(options)
     for tree, rule in (("small", "exact"), ("dynamic", "lantern")):
         check_same(target, drafter, cond, SamplingParams(cfg_scale=2.0, greedy=greedy), RULES[rule], TREES[tree],
                    cond_mask=mask)
@@ -117,7 +112,7 @@ def test_batched_exact_static_tree_sampling_reproduces_the_target_distribution()
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for first in range(0, n, B):
-        tokens, stats = batched_speculative_generate(target, drafter, torch.ones(B, dtype=torch.long), params,
+        tokens, stats = batched_tree_generate(target, drafter, torch.ones(B, dtype=torch.long), params,
                                                      AcceptRule(), tree,
                                                      [image_generator(13, i) for i in range(first, first + B)])
         for t, s in zip(tokens.tolist(), stats):
@@ -131,11 +126,11 @@ def test_batched_exact_static_tree_sampling_reproduces_the_target_distribution()
 def test_bad_calls(f64):
     target, drafter = f64
     with pytest.raises(ValueError, match="one generator per image"):
-        batched_speculative_generate(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), TREES["small"],
+        batched_tree_generate(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), TREES["small"],
                                      gens(2))
     with pytest.raises(UserError, match="neighbour table"):
-        batched_speculative_generate(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"],
+        batched_tree_generate(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"],
                                      TREES["dynamic"], gens(2))
     with pytest.raises(UserError, match="beyond the vocabulary"):
-        batched_speculative_generate(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
+        batched_tree_generate(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
                                      DynamicTree(top_k=17), gens(2))

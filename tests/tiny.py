@@ -52,6 +52,20 @@ def assert_same_decodes(got, stats, want, want_stats, n_tokens: int) -> None:
         assert min(s.time_draft_s, s.time_verify_s, s.time_other_s) >= 0
 
 
+def ragged_t2i(options):
+    """A float64 t2i target, its drafter (`options`) with random weights so that its drafts depend on the captions
+    it sees, and 4 caption conditions [4, 5, 12] with differently left-padded masks [4, 5]."""
+    from lantern.engine.drafter import Drafter
+
+    target = tiny_target("t2i").double()
+    drafter = Drafter.from_target(target, options).eval().double()
+    for w in (drafter.fc.weight, drafter.layer.attention.wqkv.weight, drafter.layer.attention.wo.weight):
+        torch.nn.init.normal_(w, std=0.4)
+    cond = torch.randn(4, 5, 12, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    return target, drafter, cond, mask
+
+
 def exact_joint(target, label, params, V, N):
     """P(sequence) of AR sampling for every sequence, by one teacher-forced pass."""
     seqs = torch.tensor(list(itertools.product(range(V), repeat=N)))

@@ -1,6 +1,6 @@
 """Batched chain speculative decoding: B images advance together, each at its own pace (ragged acceptance).
-Draft trees (static, dynamic) take the same loop with tree rounds: batched_trees.py, which
-batched_speculative_generate hands them to.
+Draft trees (static, dynamic) take the same loop with tree rounds in batched_trees.py, built on this module's
+pieces (prefill, catch_up, finish); the registry routes each drafting kind to its batched decoder.
 
 Every image keeps exactly the state `speculative.speculative_decode` keeps for it alone (its tokens, the target
 position Q of its newest token y, the drafter's pending catch-up inputs from drafter position `start`) and draws
@@ -41,7 +41,7 @@ from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick, row_probs
 from lantern.engine.speculative import check_one_image, prefill_rows
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
-from lantern.engine.trees import Draft, TreeRounds
+from lantern.engine.trees import Draft
 
 SCRATCH = 1  # spare cache slots past the real positions: where padded queries write
 
@@ -198,22 +198,19 @@ def batched_speculative_generate(
     cond: Tensor,
     params: SamplingParams,
     rule: AcceptRule,
-    chain: Chain | TreeRounds,
+    chain: Chain,
     generators: list[torch.Generator],
     table: Tensor | None = None,
     cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, list[ImageStats]]:
-    """Speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate.
-    Chains here; static and dynamic draft trees (trees.TreeRounds) in batched_trees.py."""
+    """Chain speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate.
+    Static and dynamic draft trees: batched_trees.batched_tree_generate (the registry routes each drafting kind)."""
     B, N = cond.shape[0], target.args.image_tokens
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
-    if isinstance(chain, TreeRounds):
-        from lantern.engine.batched_trees import batched_tree_generate
-
-        return batched_tree_generate(target, drafter, cond, params, rule, chain, generators, table, cond_mask)
     if not isinstance(chain, Chain):
-        raise ValueError(f"batched speculative decoding drafts chains and draft trees, got {type(chain).__name__}")
+        raise ValueError(f"batched_speculative_generate drafts chains, got {type(chain).__name__}; draft trees go "
+                         "through batched_trees.batched_tree_generate")
     check_one_image(cond[:1], rule, table)  # the rule's neighbour-table check (batches are ours to take)
     chain.check(target)
     device = target.output.weight.device

@@ -238,9 +238,9 @@ for _entry in (
     Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain,
              batched="batched:batched_speculative_generate"),
     Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static,
-             batched="batched:batched_speculative_generate"),
+             batched="batched_trees:batched_tree_generate"),
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic,
-             batched="batched:batched_speculative_generate"),
+             batched="batched_trees:batched_tree_generate"),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
              "no drafter", (WINDOW,), _jacobi, drafter=False, batched="jacobi:batched_jacobi_generate"),
 ):
