@@ -13,6 +13,8 @@ image against itself, and torch-fidelity's kid_std already reports its subset sp
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -34,18 +36,24 @@ def fid_se(gen: Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray, draws: np.nda
 
 
 def fid_values(gen: Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """FID of each resample gen[idx]. tr sqrt(S_g S_r) = sum sqrt(eig(A S_g A)) with A = S_r^(1/2): one symmetric
-    eigendecomposition per resample instead of a general one."""
-    g = gen.double()
-    mu_r, sig_r = torch.from_numpy(np.asarray(ref_mu, np.float64)), torch.from_numpy(np.asarray(ref_sigma, np.float64))
+    """FID of each resample gen[idx]. With A = S_r^(1/2) and Y = (x - mean) A / sqrt(n - 1), Y^T Y = A S_g A, so
+    tr sqrt(S_g S_r) = sum sqrt(eig(Y^T Y)) = sum sqrt(eig(Y Y^T)): one symmetric eigendecomposition per resample,
+    of the smaller of d x d and n x n (a few hundred images of 2048-d Inception features need no 2048 x 2048 one).
+    On the GPU when there is one."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = gen.to(device, torch.float64)
+    mu_r = torch.as_tensor(np.asarray(ref_mu, np.float64), device=device)
+    sig_r = torch.as_tensor(np.asarray(ref_sigma, np.float64), device=device)
     root = _psd_sqrt(sig_r)
     values = []
     for idx in draws:
-        x = g[torch.from_numpy(idx)]
+        x = g[torch.as_tensor(idx, device=device)]
         mu = x.mean(0)
-        sig = torch.cov(x.T)
-        tr_covmean = torch.linalg.eigvalsh(root @ sig @ root).clamp(min=0).sqrt().sum()
-        values.append(float((mu - mu_r).pow(2).sum() + sig.trace() + sig_r.trace() - 2 * tr_covmean))
+        y = (x - mu) @ root / math.sqrt(len(idx) - 1)
+        gram = y @ y.T if y.shape[0] < y.shape[1] else y.T @ y
+        tr_covmean = torch.linalg.eigvalsh(gram).clamp(min=0).sqrt().sum()
+        tr_sig = (x - mu).pow(2).sum() / (len(idx) - 1)
+        values.append(float((mu - mu_r).pow(2).sum() + tr_sig + sig_r.trace() - 2 * tr_covmean))
     return np.array(values)
 
 
