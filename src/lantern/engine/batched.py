@@ -24,6 +24,11 @@ Padding: a padded query sits at RoPE position 0 and writes the scratch slot, one
 whose index lies past every real position, so no real query ever sees it: padding costs compute, never values.
 Stats per image as speculative_decode's (target_forwards: 1 + the verify forwards the image took part in); times
 are the batch's wall time per section / B, as generate.generate's.
+compile=True (every batched decoder, `target_forward`): the verify forward runs through torch.compile with static
+shapes, gpt-fast style: every image's rows (a finished image's rows all padding) at a fixed width, the drafting
+kind's node budget + 1, so one graph per (model shape, cache rows, width) serves every round of every batch; the
+KV cache is kept between batches (compiled.setup_static_cache) for CUDA graphs. Eager: only the active rows, padded
+to the longest sequence of the round.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.chain import Chain, ChainDraft, verify_chain
 from lantern.engine.drafter import Drafter
@@ -96,14 +102,42 @@ def batch_probs(logits: Tensor, params: SamplingParams, index: Tensor) -> Tensor
     return row_probs(logits.reshape(R, -1, V), params, index.flatten()).view(*index.shape, V)
 
 
+def verify_step(model: GPT, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
+    """The target's forward over every cache row at per-row positions: the static-shape step compile=True compiles."""
+    return model.forward_rows(model.embed_tokens(tokens), pos, slots, visible)
+
+
+def target_forward(target: GPT, images: list, B: int, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+                   width: int | None = None) -> tuple[Tensor, Tensor]:
+    """The target's forward over the active images' rows (tokens, pos, slots [R * n, S], visible [R * n, S, L] in
+    forward layout) -> (logits, hidden) [R * n, S, ...]. width None: eager, over those rows only. width W >= S: the
+    compiled static-shape step over all R * B rows and W positions; the other rows and positions are padding."""
+    device = target.output.weight.device
+    R = tokens.shape[0] // len(images)
+    rows = cache_rows(images, B, R, device)
+    if width is None:
+        return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, rows)
+    S, L = tokens.shape[1], target.cache_len
+    if S > width:
+        raise ValueError(f"a verify pass of {S} positions exceeds the static width {width}")
+    at = torch.arange(R * B, device=device) if rows is None else rows
+    full = lambda x, fill: x.new_full((R * B, width, *x.shape[2:]), fill)  # noqa: E731
+    t, p, s, v = full(tokens, 0), full(pos, 0), full(slots, L - 1), full(visible, False)
+    t[at, :S], p[at, :S], s[at, :S], v[at, :S] = tokens, pos, slots, visible
+    logits, hidden = compiled.compiled_step(verify_step, device)(target, t, p, s, v)
+    return logits[at, :S], hidden[at, :S]
+
+
 def prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams, generators: list[torch.Generator],
-            timer: StepTimer, cond_mask: Tensor | None, target_extra: int = 0, drafter_extra: int = 0) -> list[Image]:
+            timer: StepTimer, cond_mask: Tensor | None, target_extra: int = 0, drafter_extra: int = 0,
+            static: bool = False) -> list[Image]:
     """speculative_prefill for the whole batch: both caches set up (`*_extra` slots for tree nodes, then the
-    scratch slot), one target forward over every condition row, each image's first token drawn with its own
-    generator."""
+    scratch slot; static: the kept cache of compiled.setup_static_cache), one target forward over every condition
+    row, each image's first token drawn with its own generator."""
     B, N, T = cond.shape[0], target.args.image_tokens, target.args.cls_token_num
     device = target.output.weight.device
-    logits, cond_emb, hidden, rows_mask = prefill_rows(target, cond, params, timer, cond_mask, target_extra + SCRATCH)
+    logits, cond_emb, hidden, rows_mask = prefill_rows(target, cond, params, timer, cond_mask, target_extra + SCRATCH,
+                                                       static)
     images, R = [], cond_emb.shape[0] // B
     with timer.section("other"):
         drafter.setup_cache(cond_emb.shape[0], extra=drafter_extra + SCRATCH, cond_mask=rows_mask)
@@ -160,8 +194,9 @@ def draft(drafter: Drafter, images: list[Image], chain: Chain, params: SamplingP
             images[i].stats.drafter_forwards += 1
 
 
-def verify(target: GPT, images: list[Image], B: int) -> tuple[Tensor, Tensor]:
-    """Chain.verify for every active image in one forward: (logits, hidden) [R * n, 1 + longest draft, ...]."""
+def verify(target: GPT, images: list[Image], B: int, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """Chain.verify for every active image in one forward: (logits, hidden) [R * n, 1 + longest draft, ...]
+    (width: target_forward's static shape)."""
     device = target.output.weight.device
     R = images[0].pend_emb.shape[0]
     seqs = [[im.tokens[-1]] + im.draft.tokens for im in images]
@@ -170,7 +205,7 @@ def verify(target: GPT, images: list[Image], B: int) -> tuple[Tensor, Tensor]:
     pos, slots, visible = ragged([im.Q for im in images], lengths, R, target.cache_len, device)
     for im in images:
         im.stats.target_forwards += 1
-    return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, cache_rows(images, B, R, device))
+    return target_forward(target, images, B, tokens, pos, slots, visible, width)
 
 
 def commit(im: Image, P: Tensor, hidden: Tensor, drafter: Drafter, params: SamplingParams, table: Tensor | None,
@@ -202,9 +237,11 @@ def batched_speculative_generate(
     generators: list[torch.Generator],
     table: Tensor | None = None,
     cond_mask: Tensor | None = None,
+    compile: bool = False,
 ) -> tuple[Tensor, list[ImageStats]]:
     """Chain speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate.
-    Static and dynamic draft trees: batched_trees.batched_tree_generate (the registry routes each drafting kind)."""
+    Static and dynamic draft trees: batched_trees.batched_tree_generate (the registry routes each drafting kind).
+    compile: the verify forward through torch.compile at the static width gamma + 1 (see the module's doc)."""
     B, N = cond.shape[0], target.args.image_tokens
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
@@ -216,12 +253,13 @@ def batched_speculative_generate(
     device = target.output.weight.device
     timer = StepTimer(device)
     reset_peak_memory(device)
-    images = prefill(target, drafter, cond, params, generators, timer, cond_mask)
+    images = prefill(target, drafter, cond, params, generators, timer, cond_mask, static=compile)
+    width = chain.nodes + 1 if compile else None
     while active := [im for im in images if len(im.tokens) < N]:
         with timer.section("draft"):
             draft(drafter, active, chain, params, B, N)
         with timer.section("verify"):
-            logits, hidden = verify(target, active, B)
+            logits, hidden = verify(target, active, B, width)
         with timer.section("other"):
             index = torch.tensor([len(im.tokens) for im in active], device=device)[:, None] + torch.arange(
                 logits.shape[1], device=device)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import Image, batch_probs, cache_rows, catch_up, finish, pack, prefill
+from lantern.engine.batched import Image, batch_probs, cache_rows, catch_up, finish, pack, prefill, target_forward
 from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick
@@ -91,9 +91,10 @@ def draft(drafter: Drafter, images: list[Image], tree: TreeRounds, params: Sampl
             advance(i, answer)
 
 
-def verify(target: GPT, images: list[Image], B: int) -> tuple[Tensor, Tensor]:
+def verify(target: GPT, images: list[Image], B: int, width: int | None = None) -> tuple[Tensor, Tensor]:
     """TreeRounds.verify (trees.verify_tree) for every active image in one forward: (logits, hidden)
-    [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions."""
+    [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions (width: batched.target_forward's
+    static shape)."""
     device = target.output.weight.device
     R, L = images[0].pend_emb.shape[0], target.cache_len
     zero = torch.zeros(1, dtype=torch.long, device=device)
@@ -106,7 +107,7 @@ def verify(target: GPT, images: list[Image], B: int) -> tuple[Tensor, Tensor]:
                                   [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)], R, L)
     for im in images:
         im.stats.target_forwards += 1
-    return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, cache_rows(images, B, R, device))
+    return target_forward(target, images, B, tokens, pos, slots, visible, width)
 
 
 def commit(target: GPT, drafter: Drafter, images: list[Image], tree: TreeRounds, logits: Tensor, hidden: Tensor,
@@ -148,9 +149,11 @@ def batched_tree_generate(
     generators: list[torch.Generator],
     table: Tensor | None = None,
     cond_mask: Tensor | None = None,
+    compile: bool = False,
 ) -> tuple[Tensor, list[ImageStats]]:
     """Draft-tree speculative decoding of a batch, all images at once; same contract (and tokens) as
-    speculative.generate with a StaticTree or DynamicTree."""
+    speculative.generate with a StaticTree or DynamicTree. compile: the verify forward through torch.compile at the
+    static width nodes + 1 (batched.py)."""
     B, N = cond.shape[0], target.args.image_tokens
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
@@ -162,12 +165,13 @@ def batched_tree_generate(
     with timer.section("other"):
         tree = tree.to(device)
     images = prefill(target, drafter, cond, params, generators, timer, cond_mask, tree.target_extra,
-                     tree.drafter_extra)
+                     tree.drafter_extra, static=compile)
+    width = tree.nodes + 1 if compile else None
     while active := [im for im in images if len(im.tokens) < N]:
         with timer.section("draft"):
             draft(drafter, active, tree, params, B, N)
         with timer.section("verify"):
-            logits, hidden = verify(target, active, B)
+            logits, hidden = verify(target, active, B, width)
         with timer.section("other"):
             commit(target, drafter, active, tree, logits, hidden, params, table, rule, B, N)
     return finish(target, drafter, images, timer)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import SCRATCH, batch_probs, cache_rows, pack, ragged
+from lantern.engine.batched import SCRATCH, batch_probs, pack, ragged, target_forward
 from lantern.engine.chain import chain_probs, verify_chain
 from lantern.engine.model import GPT, causal_mask
 from lantern.engine.sampling import SamplingParams, pick
@@ -138,9 +138,10 @@ def jacobi_decode(target: GPT, cond: Tensor, params: SamplingParams, rule: Accep
 @torch.no_grad()
 def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,
                             generators: list[torch.Generator], table: Tensor | None = None,
-                            cond_mask: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
+                            cond_mask: Tensor | None = None, compile: bool = False) -> tuple[Tensor, list[ImageStats]]:
     """Speculative Jacobi decoding of a batch, all images at once; same contract (and tokens, and stats but the
-    times, which are the batch's wall time per section / B) as `jacobi_decode` image by image."""
+    times, which are the batch's wall time per section / B) as `jacobi_decode` image by image. compile: the verify
+    forward through torch.compile at the static width window + 1 (batched.py)."""
     B, N, T, V = cond.shape[0], target.args.image_tokens, target.args.cls_token_num, target.args.vocab_size
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
@@ -148,7 +149,8 @@ def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, r
     device = target.output.weight.device
     timer = StepTimer(device)
     reset_peak_memory(device)
-    logits, cond_emb, _, _ = prefill_rows(target, cond, params, timer, cond_mask, SCRATCH)
+    logits, cond_emb, _, _ = prefill_rows(target, cond, params, timer, cond_mask, SCRATCH, static=compile)
+    width = jacobi.nodes + 1 if compile else None
     R = cond_emb.shape[0] // B
     with timer.section("other"):
         p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))
@@ -165,8 +167,7 @@ def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, r
             lengths = [len(s) for s in seqs]
             x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
             pos, slots, visible = ragged([im.Q for im in active], lengths, R, target.cache_len, device)
-            logits, _ = target.forward_rows(target.embed_tokens(x), pos, slots, visible,
-                                            cache_rows(active, B, R, device))
+            logits, _ = target_forward(target, active, B, x, pos, slots, visible, width)
             for im in active:
                 im.stats.target_forwards += 1
         with timer.section("other"):

@@ -478,18 +478,22 @@ def drafting(spec: dict):
 
 
 def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbours_path: str | None,
-                  vq_path: str | None, device):
+                  vq_path: str | None, device, compile: bool = False):
     """(cond [B] or [B, T, C], generators, cond_mask [B, T] or None) -> (tokens [B, N], [ImageStats] * B) for a
     speculative point (`lantern sample`). One image is decoded by the single-image loop (the paper's batch-1
     latency); a batch by the drafting kind's batched decoder when it has one (ragged rows, the same tokens per
-    image), else image by image."""
+    image), else image by image. compile: the batched decoder at every batch size, its verify forward compiled
+    with static shapes (engine/batched.py)."""
     import importlib
 
     from lantern.engine.neighbours import load_neighbours, read_codebook
     from lantern.engine.speculative import decode_each
 
     spec = normalize(spec)
-    accept, draft = rule(spec), drafting(spec)
+    accept, draft, kind = rule(spec), drafting(spec), DRAFTINGS[spec["drafting"]]
+    if compile and not kind.batched:
+        raise UserError(f"compile: true needs a batched decoder, which {spec['drafting']} drafting lacks; "
+                        "set compile: false")
     if needs_drafter(spec) and not drafter_path:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter checkpoint (--drafter)")
     table = None
@@ -509,15 +513,14 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
         models = (target, load_drafter(drafter_path, target))
     else:
         from lantern.engine.jacobi import jacobi_decode as decode
-    kind = DRAFTINGS[spec["drafting"]]
     batched = None
     if kind.batched:
         module, name = kind.batched.split(":")
         batched = getattr(importlib.import_module(f"lantern.engine.{module}"), name)
 
     def run(cond, generators, cond_mask=None):
-        if batched is not None and len(generators) > 1:
-            return batched(*models, cond, params, accept, draft, generators, table, cond_mask)
+        if batched is not None and (len(generators) > 1 or compile):
+            return batched(*models, cond, params, accept, draft, generators, table, cond_mask, compile=compile)
         return decode_each(lambda c, g, m: decode(*models, c, params, accept, draft, g, table, m), cond, generators,
                            cond_mask)
 

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.drafter import Drafter
 from lantern.engine.generate import cfg_rows
@@ -76,15 +77,19 @@ def check_one_image(cond: Tensor, rule: AcceptRule, table: Tensor | None) -> Non
 
 
 def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepTimer, cond_mask: Tensor | None = None,
-                 target_extra: int = 0):
+                 target_extra: int = 0, static: bool = False):
     """The target's cache set up for the CFG rows of `cond` (cfg_rows; `target_extra` spare slots) and the target
     run over the condition positions. Returns (logits, condition embeddings, their hidden states, the rows' mask).
-    Shared by the single-image and the batched speculative decoders."""
+    Shared by the single-image and the batched speculative decoders; static: the cache kept between calls for
+    compiled steps (compiled.setup_static_cache)."""
     device = target.output.weight.device
     T = target.args.cls_token_num
     rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
     with timer.section("other"):
-        target.setup_cache(rows.shape[0], extra=target_extra)
+        if static:
+            compiled.setup_static_cache(target, rows.shape[0], extra=target_extra)
+        else:
+            target.setup_cache(rows.shape[0], extra=target_extra)
     with timer.section("verify"):
         if rows_mask is not None:
             target.set_cond_mask(rows_mask)

@@ -282,7 +282,7 @@ class VQModel(nn.Module):
 
 def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
     """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file without them is taken as VQ-16."""
-    from lantern.engine.checkpoint import extract_state_dict, load_weights, parse_device, read_checkpoint
+    from lantern.engine.checkpoint import extract_state_dict, load_weights, no_init, parse_device, read_checkpoint
 
     obj = read_checkpoint(path)
     if args is None:
@@ -291,8 +291,7 @@ def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
             args = VQArgs(**stored) if isinstance(stored, dict) else VQ_CONFIGS["VQ-16"]
         except (TypeError, ValueError) as e:
             raise UserError(f"VQ checkpoint {path} has an unusable config: {e}") from None
-    with torch.device("meta"):
+    with no_init():
         model = VQModel(args)
-    model = model.to_empty(device="cpu")
     load_weights(model, extract_state_dict(obj, path), path)
     return model.to(parse_device(device)).eval()

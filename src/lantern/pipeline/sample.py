@@ -81,7 +81,8 @@ class Decoder:
         self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
         self.reference = self._vanilla
         if speculative(method):
-            self.run = build_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, device)
+            self.run = build_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, device,
+                                     self.compile)
         else:
             self.run = self._vanilla
 
@@ -222,7 +223,8 @@ def parse_args(argv):
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto",
-                    help="torch.compile plain AR's decode step (auto: on CUDA only)")
+                    help="torch.compile the decode step of plain AR and the verify step of "
+                    "speculative decoders (auto: on CUDA only)")
     ap.add_argument("--batch-size", type=int, default=1, help="images decoded together (aligned to the image "
                     "index; per-image times become batch wall time / B); 1 = the paper's per-image latency")
     ap.add_argument("--latency-images", type=int, default=0, help="with --batch-size > 1: also decode the first K "

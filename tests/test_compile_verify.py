@@ -1,0 +1,133 @@
+"""The speculative verify step with static shapes (batched.target_forward, compile=True): every batched decoder at a
+fixed width over every image's rows gives the tokens of one-by-one decoding, eager (the padding alone, float64) and
+through torch.compile (inductor on CPU), and one graph serves every round of every batch of a shape."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from lantern.engine import batched, compiled, methods
+from lantern.engine.batched import batched_speculative_generate
+from lantern.engine.batched_trees import batched_tree_generate
+from lantern.engine.chain import Chain
+from lantern.engine.jacobi import Jacobi, batched_jacobi_generate, jacobi_decode
+from lantern.engine.sampling import SamplingParams
+from lantern.engine.speculative import generate as spec_generate
+from lantern.engine.trees import DynamicTree, StaticTree, static_tree
+from lantern.errors import UserError
+from test_batched import RULES, TABLE
+from tiny import assert_same_decodes, gens, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+KINDS = {
+    "chain": Chain(4),
+    "small_tree": StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 0, 0], [1, 0, 0, 0]]),
+    "twin_chain_8": static_tree("twin_chain_8"),
+    "dynamic": DynamicTree(total_tokens=12, depth=3, top_k=3),
+}
+
+
+@pytest.fixture(scope="module")
+def f64(trained):
+    target, drafter = copy.deepcopy(trained)
+    return target.double(), drafter.double()
+
+
+@pytest.fixture
+def static_eager(monkeypatch):
+    """compile=True's static shapes without inductor: the padding and the kept cache alone, checked exactly."""
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+
+
+def one_by_one(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
+    B = cond.shape[0]
+    if isinstance(kind, Jacobi):
+        out = [jacobi_decode(target, cond[i : i + 1], params, rule, kind, g, TABLE,
+                             None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(gens(B, seed))]
+        return torch.stack([t for t, _ in out]), [s for _, s in out]
+    return spec_generate(target, drafter, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask)
+
+
+def static(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
+    B = cond.shape[0]
+    if isinstance(kind, Jacobi):
+        return batched_jacobi_generate(target, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask, compile=True)
+    decode = batched_speculative_generate if isinstance(kind, Chain) else batched_tree_generate
+    return decode(target, drafter, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask, compile=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rule", ["exact", "lantern"])
+@pytest.mark.parametrize("B, greedy", [(1, False), (3, True), (5, False)])
+def test_static_width_equals_one_by_one(f64, static_eager, kind, rule, B, greedy):
+    """Finished images stay in the pass as padding rows; short drafts near an image's end pad to the width."""
+    target, drafter = f64
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy, top_k=8)
+    want, want_stats = one_by_one(target, drafter, torch.arange(B) % 4, params, RULES[rule], KINDS[kind], seed=3)
+    got, stats = static(target, drafter, torch.arange(B) % 4, params, RULES[rule], KINDS[kind], seed=3)
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+
+
+@pytest.mark.parametrize("window", [1, 6])
+def test_static_width_jacobi_equals_one_by_one(static_eager, window):
+    target = tiny_target(scale=8.0).double()
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4)
+    want, want_stats = one_by_one(target, None, torch.arange(4) % 4, params, RULES["exact"], Jacobi(window))
+    got, stats = static(target, None, torch.arange(4) % 4, params, RULES["exact"], Jacobi(window))
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+
+
+def test_static_width_t2i_ragged_caption_masks(static_eager):
+    """The kept cache's key mask: left-padded captions, reused across two batches without leaking."""
+    from lantern.engine.drafter import DrafterOptions
+
+    target, drafter, cond, mask = ragged_t2i(DrafterOptions())
+    params = SamplingParams(cfg_scale=2.0)
+    for rule in ("exact", "lantern"):
+        want, want_stats = one_by_one(target, drafter, cond, params, RULES[rule], Chain(3), cond_mask=mask)
+        got, stats = static(target, drafter, cond, params, RULES[rule], Chain(3), cond_mask=mask)
+        assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+
+
+def test_width_beyond_budget_is_refused(f64):
+    target, drafter = f64
+    target.setup_cache(2, extra=1)
+    im = batched.Image(0, None, [0], 1, 0, None, None, None)
+    x = torch.zeros(2, 4, dtype=torch.long)
+    pos, slots, visible = batched.ragged([1], [4], 2, target.cache_len, "cpu")
+    with pytest.raises(ValueError, match="exceeds the static width 3"):
+        batched.target_forward(target, [im], 1, x, pos, slots, visible, width=3)
+    target.clear_cache()
+
+
+def test_compile_needs_a_batched_decoder(monkeypatch, trained):
+    spec = methods.normalize({"name": "exact", "drafting": "chain", "gamma": 2})
+    monkeypatch.setitem(methods.DRAFTINGS, "chain", dataclasses.replace(methods.DRAFTINGS["chain"], batched=""))
+    with pytest.raises(UserError, match="compile: true needs a batched decoder"):
+        methods.build_decoder(spec, SamplingParams(), trained[0], "unused.pt", None, None, "cpu", compile=True)
+
+
+@pytest.mark.parametrize("kind", ["chain", "twin_chain_8", "jacobi"])
+def test_compiled_verify_gives_eager_tokens(trained, kind):
+    """Inductor's verify step (float32) against the eager batched decoder: the same tokens and rounds; each kind
+    compiles its own width (5, 17, 7) once, and a second batch of the same shape reuses the graph."""
+    target, drafter = trained
+    rule, params = RULES["lantern"], SamplingParams(cfg_scale=2.0, top_k=8)
+    k = Jacobi(6) if kind == "jacobi" else KINDS[kind]
+    cond = torch.tensor([0, 3, 1])
+    before = counters["stats"]["unique_graphs"]
+    for seed in (0, 1):
+        if isinstance(k, Jacobi):
+            want, want_stats = batched_jacobi_generate(target, cond, params, rule, k, gens(3, seed), TABLE)
+        else:
+            decode = batched_speculative_generate if isinstance(k, Chain) else batched_tree_generate
+            want, want_stats = decode(target, drafter, cond, params, rule, k, gens(3, seed), TABLE)
+        got, stats = static(target, drafter, cond, params, rule, k, seed)
+        assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+        if seed == 0:
+            graphs = counters["stats"]["unique_graphs"]
+            assert graphs > before  # the verify step really compiled (no silent fallback to eager)
+    assert counters["stats"]["unique_graphs"] == graphs
