@@ -136,11 +136,15 @@ def precompute_rope_2d(args: ModelArgs) -> Tensor:
 
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """x [B, S, H, hd]; rope [S, hd // 2, 2], or [B, S, hd // 2, 2] for per-row positions; pairs are interleaved
-    (x[2j], x[2j+1]). One complex product: the same numbers as the upstream rotation's four products and two sums,
-    in one kernel instead of seven."""
-    xs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    r = torch.view_as_complex(rope).view(rope.shape[0] if rope.ndim == 4 else 1, xs.size(1), 1, xs.size(3))
-    return torch.view_as_real(xs * r).flatten(3).type_as(x)
+    (x[2j], x[2j+1])."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    r = rope.view(rope.shape[0] if rope.ndim == 4 else 1, xs.size(1), 1, xs.size(3), 2)
+    if torch.compiler.is_compiling():  # inductor fuses the real rotation into one kernel (it emits no complex code)
+        out = torch.stack([xs[..., 0] * r[..., 0] - xs[..., 1] * r[..., 1],
+                           xs[..., 1] * r[..., 0] + xs[..., 0] * r[..., 1]], dim=-1)
+    else:  # eager: one complex product, the same numbers as the four products and two sums, 4-7x faster
+        out = torch.view_as_real(torch.view_as_complex(xs) * torch.view_as_complex(r))
+    return out.flatten(3).type_as(x)
 
 
 class KVCache(nn.Module):
