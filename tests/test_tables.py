@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lantern.errors import UserError
-from lantern.pipeline.tables import accepted_mask, main, setting, sweep_table
+from lantern.pipeline.tables import TableParams, accepted_mask, main, setting, summary_markdown, sweep_table
 
 N_TOKENS = 16  # a 4 x 4 token grid
 SIDE = 8  # tiny PNGs
@@ -145,6 +145,25 @@ def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
     assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
     header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
     assert header.count("|") == rule.count("|") == 14
+
+
+def test_modes_side_by_side(built):
+    """The paper's greedy and sampling columns: τ and the in-job speed-ups of every point per mode, in one table
+    (a mode timed without the in-job reference shows its across-jobs ratio); one mode alone gets no such table."""
+    text = (built / "tables" / "summary.md").read_text()
+    side = text.split("## Modes side by side")[1].splitlines()
+    assert side[2] == ("| Method | Setting | greedy: τ | greedy: Speed-up across jobs | sampling: τ | "
+                       "sampling: In-job speed-up |")
+    sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"])
+    rows = [line for line in side[4:] if line.startswith("| ")]
+    assert len(rows) == len(POINTS)
+    cells = [c.strip() for c in next(r for r in rows if r.startswith("| Exact SD | chain γ=4")).strip("|").split("|")]
+    assert cells[2:] == [f"{sweep.loc[('greedy', 'exact-chain-g4'), 'tau_incl_bonus']:.2f}",
+                         f"{sweep.loc[('greedy', 'exact-chain-g4'), 'speedup_vs_vanilla']:.2f}×",
+                         f"{sweep.loc[('sampling', 'exact-chain-g4'), 'tau_incl_bonus']:.2f}",
+                         f"{sweep.loc[('sampling', 'exact-chain-g4'), 'speedup_vs_in_job_vanilla']:.2f}×"]
+    one = summary_markdown(sweep.reset_index().query("mode == 'sampling'"), TableParams())
+    assert "## sampling" in one and "side by side" not in one
 
 
 def test_tau_speedup_and_compression_recomputed_from_stats(built):

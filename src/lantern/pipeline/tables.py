@@ -321,7 +321,28 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
         if protocol:
             lines += ["", "Protocol: " + "; ".join(protocol) + "."]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + modes_side_by_side(sweep, p))
+
+
+def modes_side_by_side(sweep: pd.DataFrame, p: TableParams) -> list[str]:
+    """The paper's greedy and sampling columns: with two or more modes, every point run in all of them with its τ and
+    in-job speed-ups (batched, and batch 1 when timed) per mode, side by side."""
+    modes = list(dict.fromkeys(sweep["mode"]))
+    if len(modes) < 2:
+        return []
+    parts = {m: sweep[sweep["mode"] == m].set_index("point") for m in modes}
+    speed = {m: {h: c for h, c in speed_columns(parts[m]).items() if c != "speedup_vs_vanilla"} or
+             speed_columns(parts[m]) for m in modes}
+    header = [h for m in modes for h in [f"{m}: τ"] + [f"{m}: {name}" for name in speed[m]]]
+    lines = ["## Modes side by side", "", "| Method | Setting | " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] * 2 + ["---:"] * len(header)) + "|"]
+    for point, r in parts[modes[0]].iterrows():
+        if not all(point in parts[m].index for m in modes):
+            continue
+        cells = [c for m in modes for c in [_fmt(parts[m].at[point, "tau_incl_bonus"], p.tau_digits)] +
+                 [_fmt(parts[m].at[point, col], 2, "×") for col in speed[m].values()]]
+        lines.append(f"| {method_label(r)} | {setting(r.to_dict() | {'point': point})} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def speed_columns(part: pd.DataFrame) -> dict[str, str]:
