@@ -106,6 +106,8 @@ CONFIGS = [
     ("shards-beyond-batches", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 8}}},
      r"leaves a shard without images"),
     ("bootstrap-negative", {"metrics": {"bootstrap": -3}}, r"metrics\.bootstrap"),
+    ("mode-images-beyond-n", {"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 40}}},
+     r"sweep\.mode_images\.greedy = 40 must lie between"),
     ("inception-without-weights", {"metrics": {"fid_extractor": "inception-v3-compat"}},
      r"metrics\.inception_weights is empty"),
     ("llamagen-missing-gpt", {"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_L_256.pt"}},

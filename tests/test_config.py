@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.pipeline.config import data_params, expand_methods, target_params, validate_config
+from lantern.pipeline.config import data_params, expand_methods, mode_shard_ranges, target_params, validate_config
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,25 @@ def lantern_method(**kw):
     ({"sweep": {"methods": []}}, r"sweep\.methods is empty"),
     ({"sweep": {"modes": []}}, r"sweep\.modes is empty"),
     ({"sweep": {"n_images": 2, "shards": 3}}, r"sweep\.shards = 3 is more than sweep\.n_images = 2"),
+    ({"sweep": {"modes": ["sampling"], "mode_images": {"greedy": 8}}}, r"sweep\.mode_images names greedy, which is not in sweep\.modes"),
+    ({"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 30}}},
+     r"mode_images\.greedy = 30 must lie between sweep\.shards \(2: one image per shard\) and sweep\.n_images \(20\)"),
+    ({"sweep": {"modes": ["greedy"], "n_images": 200, "shards": 2, "batch_size": {"greedy": 8}, "mode_images": {"greedy": 199}}},
+     r"mode_images\.greedy = 199 puts 99 images in shard 0, which holds 96"),
     ({"sweep": {"methods": [{"name": "exact", "drafting": "static", "tree": [[0], [0, 1]]}]}}, r"\.tree: "),
 ])
 def test_bad_config_names_the_key(cfg, message):
     with pytest.raises(UserError, match=message) as err:
         validate_config(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_mode_images_take_the_first_images_of_each_shard():
+    """A mode with fewer images keeps the sweep's shard starts (index, seed, caption shard of every image unchanged)."""
+    cfg = validate_config({"sweep": {"modes": ["sampling", "greedy"], "n_images": 200, "shards": 2,
+                                     "batch_size": {"sampling": 8, "greedy": 8}, "mode_images": {"greedy": 33}}})
+    assert mode_shard_ranges(cfg["sweep"], "sampling") == [(0, 96), (96, 200)]
+    assert mode_shard_ranges(cfg["sweep"], "greedy") == [(0, 16), (96, 113)]
 
 
 def test_defaults_are_filled_and_grid_expands():

@@ -161,3 +161,20 @@ def test_batched_generation_draws_the_unbatched_images(smoke_run, tmp_path):
     sweep = pd.read_csv(wd / SMOKE_OUT / "tables" / "sweep.csv").set_index("point")
     assert (sweep["batch_size"] == 2).all() and (sweep["latency_b1_images"] == 2).all()  # one per shard
     assert sweep["speedup_b1_in_job"].notna().all() and sweep["speedup_vs_in_job_vanilla"].notna().all()
+
+
+def test_mode_images_draw_the_first_images_of_each_shard(smoke_run, tmp_path):
+    """sweep.mode_images {greedy: 2}: greedy jobs decode image 0 of shard 0 and image 2 of shard 1 (the sweep's shard
+    starts), so a cheap greedy column keeps every image's index, seed and caption shard."""
+    wd = copy_workdir(smoke_run.workdir, tmp_path / "wd")
+    overlay = {"sweep": {"modes": ["sampling", "greedy"], "mode_images": {"greedy": 2}}}
+    points = ["vanilla", "exact-chain-g3"]
+    targets = tuple(f"{SMOKE_OUT}/gen/greedy/{p}/shard{j}" for p in points for j in range(2))
+    log = tmp_path / "greedy.log"
+    r = run_logged(smoke_cmd(wd, "--cores", "2", targets=targets, overlay=overlay), log)
+    assert r.returncode == 0, tail(log)
+    assert jobs_run(log) == {"generate": 4}
+    for point in points:
+        for j, index in enumerate((0, 2)):
+            stats = pd.read_csv(wd / SMOKE_OUT / "gen" / "greedy" / point / f"shard{j}" / "stats.csv")
+            assert stats["image_index"].tolist() == [index] and (stats["mode"] == "greedy").all(), (point, j)

@@ -4,9 +4,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods, shard_alignment,
-                            shard_ranges, target_params, target_spec,
-                            validate_config)
+from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
+                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_spec,
+                                     validate_config)
 from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
 
@@ -108,9 +108,12 @@ def generate_inputs(wildcards):
     return inputs
 
 
-def shard_range(shard):
-    """Contiguous, index-aligned slices: shard j of S ends near (j+1)*n/S, on a multiple of every batch size."""
+def shard_range(shard, mode=None):
+    """Contiguous, index-aligned slices: shard j of S ends near (j+1)*n/S, on a multiple of every batch size; a mode
+    with fewer images (sweep.mode_images) takes the first of each (lantern.pipeline.config.mode_shard_ranges)."""
     sweep = config["sweep"]
+    if mode is not None:
+        return mode_shard_ranges(sweep, mode)[int(shard)]
     return shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))[int(shard)]
 
 

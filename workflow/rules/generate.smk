@@ -15,8 +15,8 @@ rule generate:
     params:
         method=lambda w: as_arg(POINTS[w.point]),
         seed=lambda w: POINTS[w.point]["seed"],
-        start=lambda w: shard_range(w.shard)[0],
-        end=lambda w: shard_range(w.shard)[1],
+        start=lambda w: shard_range(w.shard, w.mode)[0],
+        end=lambda w: shard_range(w.shard, w.mode)[1],
         sampling=as_arg(config["sampling"]),
         device=config["device"],
         dtype=config["dtype"],

@@ -129,6 +129,19 @@ def _check_sweep(cfg: dict) -> None:
         raise UserError(f"config: sweep.shards = {sweep['shards']} leaves a shard without images once shard "
                         f"boundaries fall on multiples of the batch size ({shard_alignment(sweep)}): lower shards or "
                         "sweep.batch_size")
+    for mode, m in sweep.get("mode_images", {}).items():
+        if mode not in sweep["modes"]:
+            raise UserError(f"config: sweep.mode_images names {mode}, which is not in sweep.modes {sweep['modes']}; "
+                            f"add it to modes or drop sweep.mode_images.{mode}")
+        if not sweep["shards"] <= m <= sweep["n_images"]:
+            raise UserError(f"config: sweep.mode_images.{mode} = {m} must lie between sweep.shards "
+                            f"({sweep['shards']}: one image per shard) and sweep.n_images ({sweep['n_images']})")
+        too_many = [(j, hi - lo, c) for j, ((lo, hi), (_, c)) in
+                    enumerate(zip(ranges, [(0, hi - lo) for lo, hi in shard_ranges(m, sweep["shards"])])) if c > hi - lo]
+        if too_many:
+            j, size, c = too_many[0]
+            raise UserError(f"config: sweep.mode_images.{mode} = {m} puts {c} images in shard {j}, which holds "
+                            f"{size} of the sweep's n_images; lower mode_images.{mode} or raise n_images")
 
 
 def _check_methods(cfg: dict) -> None:
@@ -322,6 +335,18 @@ def shard_ranges(n: int, shards: int, align: int = 1) -> list[tuple[int, int]]:
     """Contiguous slices [lo, hi) of n images: shard j ends near (j + 1) n / shards, rounded down to `align`."""
     cuts = [0] + [(j * n // shards) // align * align for j in range(1, shards)] + [n]
     return list(zip(cuts, cuts[1:]))
+
+
+def mode_shard_ranges(sweep: dict, mode: str) -> list[tuple[int, int]]:
+    """The image ranges of a mode's shards: the sweep's shard ranges (n_images), or with sweep.mode_images[mode] = m
+    fewer images, the first of each shard's range (m spread over the shards as shard_ranges spreads n_images), so
+    that an image keeps its index, seed and caption shard whichever modes run."""
+    base = shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))
+    m = sweep.get("mode_images", {}).get(mode, sweep["n_images"])
+    if m == sweep["n_images"]:
+        return base
+    counts = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
+    return [(lo, lo + c) for (lo, _), c in zip(base, counts)]
 
 
 def evaluate_params(cfg: dict, clip_weights: str) -> dict:
