@@ -2,21 +2,21 @@
 verify step), per image, one process.
 
     python benchmarks/bench_compile.py [--target models/toy/default/target.pt] [--size GPT-B] [--tokens 256]
-        [--batch 1 8] [--cfg 2.0] [--mode sampling] [--repeats 3] [--models toy gpt] [--device auto]
+        [--batch 1 8] [--gpt-batch 1 8] [--cfg 2.0] [--mode sampling] [--repeats 3] [--models toy gpt] [--device auto]
         [--methods vanilla exact lantern exact-tree lanternpp-tree] [--tree twin_chain_8] [--toy-threads 1]
         [--threads N]
 
 Models: the toy target with its drafter and VQ (checkpoints when present, else random weights of its shape) and a
 random-weight GPT-B-shaped model with --tokens image tokens (a square; fewer than 256 keeps CPU runs short) and a
-random drafter of its width (its drafts are rarely accepted: tau near 1, so the speculative rows time the rounds'
-cost, not a speed-up). Methods: vanilla (generate.generate); the batched chain decoders (gamma 4), exact and LANTERN
-(delta 0.2, k 50); the batched static tree --tree, exact and LANTERN++ (lam 5, k 50); every speculative method runs
-through its batched decoder at every batch size, eager and compiled alike. Per (model, batch, method): one untimed
+random drafter of its width (random weights make both models' distributions nearly flat, so tau here says nothing
+about trained models: these rows time what a round costs). Methods: vanilla (generate.generate); the batched chain
+decoders (gamma 4), exact and LANTERN (delta 0.2, k 50); the batched static tree --tree, exact and LANTERN++ (lam 5,
+k 50); every speculative method runs through its batched decoder at every batch size, eager and compiled alike. Per (model, batch, method): one untimed
 eager warm-up; the first compiled call, timed on its own since it compiles (compile_s = that call minus the best
 steady compiled call); then --repeats rounds of one eager and one compiled run, alternating so that machine load
 hits both alike, the best round of each kept. ms_per_image = batch wall time / B; speedup = eager / compiled per
-image; vs_vanilla = the model's vanilla per image (same batch, same path) / the method's; same_tokens: the two paths
-drew the same tokens (same generators).
+image; vs_vanilla = the model's vanilla per image (same batch, same path) / the method's; tau = tokens per target
+forward (prefill counted); same_tokens: the two paths drew the same tokens (same generators).
 """
 
 import argparse
@@ -55,29 +55,30 @@ def timed(device, fn):
 
 
 def decoders(model: GPT, drafter: Drafter, table: torch.Tensor, params: SamplingParams, a) -> dict:
-    """method -> (cond, generators, compile) -> tokens [B, N]."""
+    """method -> (cond, generators, compile) -> (tokens [B, N], stats per image)."""
     chain, tree = Chain(4), static_tree(a.tree)
     rules = {"exact": AcceptRule(), "lantern": AcceptRule("lantern", delta=0.2, k=50),
              "lanternpp": AcceptRule("lanternpp", lam=5.0, k=50)}
 
     def spec(rule, drafting):
         decode = batched_speculative_generate if isinstance(drafting, Chain) else batched_tree_generate
-        return lambda cond, g, c: decode(model, drafter, cond, params, rules[rule], drafting, g, table, compile=c)[0]
+        return lambda cond, g, c: decode(model, drafter, cond, params, rules[rule], drafting, g, table, compile=c)
 
-    runs = {"vanilla": lambda cond, g, c: generate(model, cond, params, g, compile=c)[0],
+    runs = {"vanilla": lambda cond, g, c: generate(model, cond, params, g, compile=c),
             "exact": spec("exact", chain), "lantern": spec("lantern", chain),
             "exact-tree": spec("exact", tree), "lanternpp-tree": spec("lanternpp", tree)}
     return {m: runs[m] for m in runs if m in a.methods}
 
 
-def bench(name: str, model: GPT, drafter: Drafter, table: torch.Tensor, a, device, threads: int) -> list[dict]:
+def bench(name: str, model: GPT, drafter: Drafter, table: torch.Tensor, a, device, threads: int,
+          batches: list[int]) -> list[dict]:
     torch.set_num_threads(threads)
     params = SamplingParams(cfg_scale=a.cfg, greedy=a.mode == "greedy", top_k=a.top_k)
     N = model.args.image_tokens
     print(f"{name}: {num_params(model) / 1e6:.1f}M params, {N} tokens/image, cfg {a.cfg}, {a.mode}, {device} "
           f"{a.dtype}, {torch.get_num_threads()} thread(s)", flush=True)
     rows = []
-    for B in a.batch:
+    for B in batches:
         cond = torch.arange(B, device=device) % model.args.num_classes
         gens = lambda: [image_generator(a.seed, i) for i in range(B)]  # noqa: E731
         for method, decode in decoders(model, drafter, table, params, a).items():
@@ -86,13 +87,14 @@ def bench(name: str, model: GPT, drafter: Drafter, table: torch.Tensor, a, devic
             first_s, _ = timed(device, lambda: run(True))
             eager_s, compiled_s, same = [], [], True
             for _ in range(a.repeats):
-                t, want = timed(device, lambda: run(False))
+                t, (want, stats) = timed(device, lambda: run(False))
                 eager_s.append(t)
-                t, got = timed(device, lambda: run(True))
+                t, (got, _) = timed(device, lambda: run(True))
                 compiled_s.append(t)
                 same &= torch.equal(want, got)
+            tau = sum(x.n_tokens for x in stats) / sum(x.target_forwards for x in stats)
             e, c = min(eager_s), min(compiled_s)
-            rows.append({"model": name, "batch": B, "method": method, "eager_ms_per_image": 1e3 * e / B,
+            rows.append({"model": name, "batch": B, "method": method, "tau": tau, "eager_ms_per_image": 1e3 * e / B,
                          "compiled_ms_per_image": 1e3 * c / B, "speedup": e / c, "compile_s": first_s - c,
                          "same_tokens": same})
             print(f"  batch {B} {method}: eager {e:.2f} s, compiled {c:.2f} s per batch, first compiled call "
@@ -124,6 +126,7 @@ def main():
     ap.add_argument("--size", default="GPT-B")
     ap.add_argument("--tokens", type=int, default=256, help="image tokens of the GPT-B-shaped model (a square)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--gpt-batch", type=int, nargs="+", help="batch sizes of the GPT-B-shaped model (default --batch)")
     ap.add_argument("--cfg", type=float, default=2.0)
     ap.add_argument("--mode", default="sampling", choices=["sampling", "greedy"])
     ap.add_argument("--top-k", type=int, default=0)
@@ -145,12 +148,12 @@ def main():
     with torch.no_grad():
         if "toy" in a.models:
             toy, drafter, table, name = toy_models(a, device, dtype)
-            rows += bench(name, toy, drafter, table, a, device, a.toy_threads)
+            rows += bench(name, toy, drafter, table, a, device, a.toy_threads, a.batch)
             del toy, drafter
         if "gpt" in a.models:
             torch.manual_seed(0)
             gpt = GPT(named_args(a.size, image_tokens=a.tokens)).to(device=device, dtype=dtype).eval()
-            rows += bench(a.size, gpt, *random_drafter_and_table(gpt), a, device, a.threads)
+            rows += bench(a.size, gpt, *random_drafter_and_table(gpt), a, device, a.threads, a.gpt_batch or a.batch)
     df = pd.DataFrame(rows)
     vanilla = df[df["method"] == "vanilla"].set_index(["model", "batch"])
     for path in ("eager", "compiled"):
