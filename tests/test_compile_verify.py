@@ -1,7 +1,6 @@
 """The speculative verify step with static shapes (batched.target_forward, compile=True): every batched decoder at a
 fixed width over every image's rows gives the tokens of one-by-one decoding, eager (the padding alone, float64) and
 through torch.compile (inductor on CPU), and one graph serves every round of every batch of a shape."""
-import copy
 import dataclasses
 
 import pytest
@@ -15,25 +14,14 @@ from lantern.engine.chain import Chain
 from lantern.engine.jacobi import Jacobi, batched_jacobi_generate, jacobi_decode
 from lantern.engine.sampling import SamplingParams
 from lantern.engine.speculative import generate as spec_generate
-from lantern.engine.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
 from test_batched import RULES, TABLE
+from test_batched_trees import TREES, f64  # noqa: F401 (fixture)
 from tiny import assert_same_decodes, gens, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-KINDS = {
-    "chain": Chain(4),
-    "small_tree": StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 0, 0], [1, 0, 0, 0]]),
-    "twin_chain_8": static_tree("twin_chain_8"),
-    "dynamic": DynamicTree(total_tokens=12, depth=3, top_k=3),
-}
-
-
-@pytest.fixture(scope="module")
-def f64(trained):
-    target, drafter = copy.deepcopy(trained)
-    return target.double(), drafter.double()
+KINDS = {"chain": Chain(4), **TREES}
 
 
 @pytest.fixture
