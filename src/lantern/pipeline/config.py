@@ -136,8 +136,8 @@ def _check_sweep(cfg: dict) -> None:
         if not sweep["shards"] <= m <= sweep["n_images"]:
             raise UserError(f"config: sweep.mode_images.{mode} = {m} must lie between sweep.shards "
                             f"({sweep['shards']}: one image per shard) and sweep.n_images ({sweep['n_images']})")
-        too_many = [(j, hi - lo, c) for j, ((lo, hi), (_, c)) in
-                    enumerate(zip(ranges, [(0, hi - lo) for lo, hi in shard_ranges(m, sweep["shards"])])) if c > hi - lo]
+        wanted = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
+        too_many = [(j, hi - lo, c) for j, ((lo, hi), c) in enumerate(zip(ranges, wanted)) if c > hi - lo]
         if too_many:
             j, size, c = too_many[0]
             raise UserError(f"config: sweep.mode_images.{mode} = {m} puts {c} images in shard {j}, which holds "
