@@ -102,6 +102,7 @@ CONFIGS = [
     ("batch-size-zero", {"sweep": {"batch_size": {"sampling": 0}}}, r"sweep\.batch_size\.sampling"),
     ("compile-word", {"compile": "yes"}, r"compile = 'yes'"),
     ("latency-images-negative", {"sweep": {"latency_images": -1}}, r"sweep\.latency_images"),
+    ("in-job-vanilla-every-zero", {"sweep": {"in_job_vanilla_every": 0}}, r"sweep\.in_job_vanilla_every"),
     ("batch-size-unknown-mode", {"sweep": {"batch_size": {"beam": 4}}}, r"unknown key sweep\.batch_size\.beam"),
     ("shards-beyond-batches", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 8}}},
      r"leaves a shard without images"),

@@ -78,3 +78,11 @@ def test_bad_inputs_are_user_errors(tmp_path):
         speed.read_stats([bad])
     with pytest.raises(UserError, match="unknown key bogus"):
         speed.main(["--stats", str(bad), "--out", str(tmp_path / "o.csv"), "--params", "{bogus: 1}"])
+
+
+def test_in_job_speedup_pairs_the_images_that_carry_a_reference():
+    """--in-job-vanilla-every N times plain AR on some batches: the ratio is over those images only."""
+    df = pd.DataFrame({"method": ["lantern"] * 4, "time_total_s": [0.1, 0.1, 0.5, 0.5],
+                       speed.IN_JOB_REFERENCE: [0.3, 0.3, math.nan, math.nan]})
+    assert speed.summarize(df)["speedup_vs_in_job_vanilla"] == pytest.approx(3.0)
+    assert math.isnan(speed.in_job_speedup(df.assign(**{speed.IN_JOB_REFERENCE: math.nan})))

@@ -1,6 +1,7 @@
 """`lantern sample --batch-size`: index-aligned batches give the images of one-by-one decoding, resume whole
 batches, and time batch-1 latency on request; shard boundaries fall on batch multiples."""
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -92,6 +93,37 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
     assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
     assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
+
+
+def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_path):
+    """Plain AR is timed on global batches 0, 2, ... (first image // B): a shard starting mid-way agrees, the images
+    are those of a run timing every batch, and the in-job speed-up pairs the timed batches only."""
+    every = ["--batch-size", "2", "--in-job-vanilla", "--in-job-vanilla-every", "2"]
+    whole = draw(world, tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0", *every, end=7)
+    assert (whole["vanilla_time_total_s"] != "").tolist() == [True, True, False, False, True, True, False]
+    tail = draw(world, tmp_path / "tail", *every, start=4, end=7)
+    assert (tail["vanilla_time_total_s"] != "").tolist() == [True, True, False]
+    assert whole.tokens.tolist() == draw(world, tmp_path / "all", "--batch-size", "2", "--in-job-vanilla",
+                                         end=7).tokens.tolist()
+    sweep, _, _ = sweep_table([tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0"], [])
+    stats = pd.read_csv(tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0" / "stats.csv")
+    paired = stats["vanilla_time_total_s"].notna()
+    assert sweep["speedup_vs_in_job_vanilla"].iloc[0] == pytest.approx(
+        stats.loc[paired, "vanilla_time_total_s"].mean() / stats.loc[paired, "time_total_s"].mean())
+
+
+@pytest.mark.parametrize("compiled, latency, expected", [
+    (False, 2, [("run", 1), ("ref", 1)]),  # eager: one-time costs are per process, one image pays them
+    (True, 0, [("run", 3), ("ref", 3)]),  # compiled: graphs are per shape, the whole batch
+    (True, 2, [("run", 3), ("ref", 3), ("run", 1), ("ref", 1)]),  # ... and batch 1 for the images timed alone
+])
+def test_the_warm_up_decodes_what_the_timed_decodes_need(compiled, latency, expected):
+    calls = []
+    decoder = SimpleNamespace(compile=compiled, run=lambda c, g, m: calls.append(("run", len(g))),
+                              reference=lambda c, g, m: calls.append(("ref", len(g))))
+    args = SimpleNamespace(seed=0, latency_images=latency)
+    sample_module.warm_up(decoder, lambda images: (images, None), [0, 1, 2], args, reference=True)
+    assert calls == expected
 
 
 def test_compiled_vanilla_draws_the_eager_images(world, tmp_path):

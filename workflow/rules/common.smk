@@ -59,6 +59,8 @@ LLAMAGEN = config["llamagen"]
 T2I = not TOY and LLAMAGEN["model_type"] == "t2i"
 # Every job that loads the llamagen target gets the config's view of it, checked against the file's tensors.
 SPEC_ARG = "" if TOY else f"--target-spec {as_arg(target_spec(config))}"
+IN_JOB_ARG = (f"--in-job-vanilla --in-job-vanilla-every {config['sweep']['in_job_vanilla_every']}"
+              if config["sweep"]["in_job_vanilla"] else "")
 
 
 def target_ckpt():

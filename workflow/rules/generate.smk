@@ -23,7 +23,7 @@ rule generate:
         extra=lambda w, input: " ".join(
             filter(None, [optional("--drafter", input, "drafter"), optional("--neighbours", input, "neighbours"),
                           optional("--captions", input, "captions"), SPEC_ARG,
-                          "--in-job-vanilla" if config["sweep"]["in_job_vanilla"] else ""])
+                          IN_JOB_ARG])
         ),
         batch=lambda w: config["sweep"]["batch_size"][w.mode],
         compile=str(config["compile"]).lower(),

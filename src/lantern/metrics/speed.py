@@ -4,7 +4,8 @@ Conventions: tau_incl_bonus = tokens / target forwards over all images (the mean
 token counted; vanilla = 1). Latency is the per-image wall time the generator recorded (warm-up excluded, CUDA
 synchronised; a batch's wall time is shared by its images), so throughput = images / summed latency. Speed-up =
 vanilla latency / latency, against the vanilla rows of the same group (e.g. the same decoding mode) and, when the
-table has a `vanilla_time_total_s` column (a vanilla reference timed in the same job), against that too.
+table has a `vanilla_time_total_s` column (a vanilla reference timed in the same job, on all or some batches), against
+that too, over the images that carry it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ def _mean(df: pd.DataFrame, col: str) -> float:
     return float(df[col].mean()) if col in df.columns else math.nan
 
 
+def in_job_speedup(df: pd.DataFrame) -> float:
+    """Plain AR's mean time / the method's, over the images that carry both: the reference may be timed on every
+    N-th batch only (`lantern sample --in-job-vanilla-every`), and its pairs are the method's same batches."""
+    if IN_JOB_REFERENCE not in df.columns:
+        return math.nan
+    paired = df[IN_JOB_REFERENCE].notna()
+    method_s = float(df.loc[paired, "time_total_s"].mean()) if paired.any() else math.nan
+    return float(df.loc[paired, IN_JOB_REFERENCE].mean()) / method_s if method_s > 0 else math.nan
+
+
 def summarize(df: pd.DataFrame) -> dict:
     """One sweep point's speed row from its per-image stats (all shards together)."""
     if df.empty:
@@ -76,8 +87,7 @@ def summarize(df: pd.DataFrame) -> dict:
         else math.nan,
         "peak_mem_mib": float(df["peak_mem_bytes"].max()) / 2**20 if has("peak_mem_bytes") else math.nan,
         "device": ",".join(sorted(map(str, df["device"].dropna().unique()))) if has("device") else "",
-        "speedup_vs_in_job_vanilla": (float(df[IN_JOB_REFERENCE].mean()) / (total_s / n)
-                                      if has(IN_JOB_REFERENCE) and total_s > 0 else math.nan),
+        "speedup_vs_in_job_vanilla": in_job_speedup(df),
     }
     for col in ("mode",):
         if has(col):

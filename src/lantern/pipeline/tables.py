@@ -25,7 +25,7 @@ import pandas as pd
 from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
-from lantern.metrics.speed import IN_JOB_REFERENCE
+from lantern.metrics.speed import in_job_speedup
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
@@ -135,10 +135,9 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         "latency_p50_s": np.percentile(lat, 50),
         "latency_p90_s": np.percentile(lat, 90),
         "throughput_img_per_s": 1.0 / lat.mean() if lat.mean() > 0 else math.nan,
-        # plain AR timed in the same job, image by image (`lantern sample --in-job-vanilla`): immune to jobs
+        # plain AR timed in the same job on the same batches (`lantern sample --in-job-vanilla`): immune to jobs
         # landing on different machines or under different load
-        "speedup_vs_in_job_vanilla": (stats[IN_JOB_REFERENCE].mean() / lat.mean() if IN_JOB_REFERENCE in stats
-                                      and stats[IN_JOB_REFERENCE].notna().all() else math.nan),
+        "speedup_vs_in_job_vanilla": in_job_speedup(stats),
         "time_draft_s_per_image": stats["time_draft_s"].mean(),
         "time_verify_s_per_image": stats["time_verify_s"].mean(),
         "time_other_s_per_image": stats["time_other_s"].mean(),
@@ -184,8 +183,9 @@ def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
     generation's own times when it ran at batch 1, else the images also decoded alone (`--latency-images`)."""
     batch = int(stats["batch_size"].max()) if "batch_size" in stats else 1
     if batch == 1:
-        alone, plain = per_image, stats.get(IN_JOB_REFERENCE)
-    elif "latency_s" in stats:
+        return {"batch_size": 1, "latency_b1_images": len(per_image), "latency_b1_s_per_image": per_image.mean(),
+                "speedup_b1_in_job": in_job_speedup(stats)}
+    if "latency_s" in stats:
         timed = stats["latency_s"].notna()
         alone, plain = stats.loc[timed, "latency_s"].to_numpy(float), stats.loc[timed].get("vanilla_latency_s")
     else:
@@ -289,7 +289,7 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
              "In-job speed-up (the headline, when generated with `sweep.in_job_vanilla`) = plain AR timed in the same "
-             "job on the same batch / the method; with batches of B > 1 per-image times are batch wall time / B "
+             "job on the same batches (all, or every N-th: `sweep.in_job_vanilla_every`) / the method; with batches of B > 1 per-image times are batch wall time / B "
              "(throughput), and 'batch 1' is the paper's per-image latency, from images also decoded alone "
              "(`sweep.latency_images`); across-jobs speed-up = per-image time of the vanilla point / of the "
              "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
