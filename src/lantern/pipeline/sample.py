@@ -263,9 +263,10 @@ def main(argv: list[str]) -> None:
     a = parse_args(argv)
     if not 0 <= a.start < a.end:
         raise UserError(f"need 0 <= --start < --end, got {a.start} and {a.end}")
-    if a.batch_size < 1 or a.latency_images < 0 or a.in_job_vanilla_every < 1:
-        raise UserError(f"--batch-size and --in-job-vanilla-every must be >= 1 and --latency-images >= 0, got "
-                        f"{a.batch_size}, {a.in_job_vanilla_every} and {a.latency_images}")
+    for flag, value, low in (("--batch-size", a.batch_size, 1), ("--latency-images", a.latency_images, 0),
+                             ("--in-job-vanilla-every", a.in_job_vanilla_every, 1)):
+        if value < low:
+            raise UserError(f"{flag} must be >= {low}, got {value}")
     method = normalize(read_structured(a.method, "--method"), "--method")
     sampling = read_structured(a.sampling, "--sampling")
     params = params_from({**sampling, **(GREEDY if a.mode == "greedy" else {})}, SamplingParams, "--sampling.")
