@@ -96,11 +96,12 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
 
 
 def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_path):
-    """Plain AR is timed on global batches 0, 2, ... (first image // B): a shard starting mid-way agrees, the images
-    are those of a run timing every batch, and the in-job speed-up pairs the timed batches only."""
+    """Plain AR is timed on one global batch (first image // B) of each pair, here batches 1 and 2: a shard starting
+    mid-way agrees, the images are those of a run timing every batch, and the in-job speed-up pairs the timed batches
+    only."""
     every = ["--batch-size", "2", "--in-job-vanilla", "--in-job-vanilla-every", "2"]
     whole = draw(world, tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0", *every, end=7)
-    assert (whole["vanilla_time_total_s"] != "").tolist() == [True, True, False, False, True, True, False]
+    assert (whole["vanilla_time_total_s"] != "").tolist() == [False, False, True, True, True, True, False]
     tail = draw(world, tmp_path / "tail", *every, start=4, end=7)
     assert (tail["vanilla_time_total_s"] != "").tolist() == [True, True, False]
     assert whole.tokens.tolist() == draw(world, tmp_path / "all", "--batch-size", "2", "--in-job-vanilla",
@@ -110,6 +111,17 @@ def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_pat
     paired = stats["vanilla_time_total_s"].notna()
     assert sweep["speedup_vs_in_job_vanilla"].iloc[0] == pytest.approx(
         stats.loc[paired, "vanilla_time_total_s"].mean() / stats.loc[paired, "time_total_s"].mean())
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 5])
+def test_reference_batches_are_one_per_block_at_drawn_offsets(every):
+    """1/N of the batches, one in each block of N; the offsets vary, so labels that cycle every 2 batches (16 toy
+    classes at batch 8) are not always timed on the same half."""
+    timed = [b for b in range(60) if sample_module.reference_batch(b * 8, 8, every)]
+    assert [b // every for b in timed] == list(range(60 // every))
+    assert len({b % every for b in timed}) == every
+    if every == 2:
+        assert 0.25 < sum(b % 2 for b in timed) / len(timed) < 0.75
 
 
 @pytest.mark.parametrize("compiled, latency, expected", [

@@ -129,10 +129,11 @@ def _check_sweep(cfg: dict) -> None:
         raise UserError(f"config: sweep.shards = {sweep['shards']} leaves a shard without images once shard "
                         f"boundaries fall on multiples of the batch size ({shard_alignment(sweep)}): lower shards or "
                         "sweep.batch_size")
+    # A mode that does not run keeps its entry unread: a layered config (smoke.yaml, --config sweep=...) that drops
+    # greedy from modes cannot delete config.yaml's mode_images.greedy, as Snakemake merges dictionaries.
     for mode, m in sweep.get("mode_images", {}).items():
         if mode not in sweep["modes"]:
-            raise UserError(f"config: sweep.mode_images names {mode}, which is not in sweep.modes {sweep['modes']}; "
-                            f"add it to modes or drop sweep.mode_images.{mode}")
+            continue
         if not sweep["shards"] <= m <= sweep["n_images"]:
             raise UserError(f"config: sweep.mode_images.{mode} = {m} must lie between sweep.shards "
                             f"({sweep['shards']}: one image per shard) and sweep.n_images ({sweep['n_images']})")

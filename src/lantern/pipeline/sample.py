@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import shutil
 import subprocess
 import time
@@ -212,6 +213,15 @@ def warm_up(decoder: Decoder, condition: Conditions, first: list[int], a, refere
             decoder.reference(cond, [image_generator(a.seed, i) for i in images], cond_mask)
 
 
+def reference_batch(first_image: int, batch_size: int, every: int) -> bool:
+    """Whether plain AR is timed on the batch that starts at `first_image` (`--in-job-vanilla-every`): one batch in
+    each block of `every` consecutive global batches, at an offset drawn from the block's index, so any shard agrees.
+    Drawn rather than fixed: labels cycle with a period of whole batches (the toy world's 16 classes at batch 8), and
+    a fixed offset would time the same classes in every block."""
+    block, offset = divmod(first_image // batch_size, every)
+    return offset == random.Random(block).randrange(every)
+
+
 def aligned_batches(start: int, end: int, size: int) -> list[list[int]]:
     """[start, end) cut at the multiples of `size`: the same batches whichever shard range they fall in."""
     cuts = [start] + list(range((start // size + 1) * size, end, size)) + [end]
@@ -253,9 +263,10 @@ def parse_args(argv):
                     help="also decode every image with plain AR in this job and record its latency "
                          "(vanilla_time_total_s): a speed-up reference from the same machine at the same moment")
     ap.add_argument("--in-job-vanilla-every", type=int, default=1, metavar="N",
-                    help="with --in-job-vanilla: time plain AR on every N-th batch only (batches whose index, "
-                         "first image // --batch-size, is a multiple of N, whichever shard holds them); the speed-up "
-                         "pairs those images' times with the method's")
+                    help="with --in-job-vanilla: time plain AR on one batch in each block of N consecutive batches "
+                         "(global batch index = first image // --batch-size; the offset in a block is drawn from the "
+                         "block's index, so any shard agrees); the speed-up pairs those images' times with the "
+                         "method's")
     return ap.parse_args(argv)
 
 
@@ -302,7 +313,7 @@ def main(argv: list[str]) -> None:
             continue
         cond, cond_mask = condition(batch)
         tokens, stats = decoder.run(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
-        timed = reference and (batch[0] // a.batch_size) % a.in_job_vanilla_every == 0
+        timed = reference and reference_batch(batch[0], a.batch_size, a.in_job_vanilla_every)
         if timed:  # right after the method's batch: both see the same machine load
             _, plain = decoder.reference(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
         for b, i in enumerate(batch):
