@@ -9,7 +9,7 @@ import torch
 
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
 from lantern.engine.methods import normalize, rule as build_rule
-from lantern.engine.retarget import RetargetRule, neighbour_edges, retarget
+from lantern.engine.retarget import RetargetRule, live_edges, neighbour_edges, retarget
 from lantern.engine.sampling import sample_index
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
 from test_rules_peers import simulate
@@ -73,6 +73,22 @@ def test_retarget_spends_the_budget_or_the_capacity_by_hand():
     src, dst = neighbour_edges(table, 1)
     assert sorted(zip(src.tolist(), dst.tolist())) == sorted([(0, 2), (1, 0), (2, 0), (3, 1), (2, 0), (0, 1),
                                                                (0, 2), (1, 3)])
+
+
+@pytest.mark.parametrize("B, k", [(1, 1), (3, 4), (5, 9)])
+def test_live_edges_are_the_surplus_to_deficit_edges_in_order(B, k):
+    """live_edges equals filtering every row's neighbour_edges by (surplus at src, deficit at dst), in that order:
+    the order fixes retarget's float64 sums, so the shortcut leaves every p~ bit-identical."""
+    g = torch.Generator().manual_seed(B * 10 + k)
+    V = 12
+    table = rand_table(g, V)
+    surplus = torch.rand(B, V, generator=g) < 0.4
+    deficit = ~surplus & (torch.rand(B, V, generator=g) < 0.7)
+    src, dst = neighbour_edges(table, k)
+    want = [(b, b * V + s, b * V + d) for b in range(B) for s, d in zip(src.tolist(), dst.tolist())
+            if surplus[b, s] and deficit[b, d]]
+    row, fsrc, fdst = live_edges(surplus, deficit, table, k)
+    assert list(zip(row.tolist(), fsrc.tolist(), fdst.tolist())) == want and want
 
 
 @pytest.mark.parametrize("seed", range(4))
