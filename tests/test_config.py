@@ -63,9 +63,12 @@ def test_mode_images_take_the_first_images_of_each_shard():
 
 def test_mode_images_of_a_mode_that_does_not_run_are_ignored():
     """A layered config that drops greedy cannot delete the default's mode_images.greedy (Snakemake merges dicts), so
-    that entry is left unread even where it would be out of range; a mode name that does not exist is still refused."""
+    that entry is left unread even where it would be out of range, and null lifts the limit (the real-model recipes);
+    a mode name that does not exist is still refused."""
     cfg = validate_config({"sweep": {"modes": ["sampling"], "n_images": 4, "mode_images": {"greedy": 32}}})
     assert mode_shard_ranges(cfg["sweep"], "sampling") == [(0, 2), (2, 4)]
+    lifted = validate_config({"sweep": {"modes": ["greedy"], "n_images": 4, "mode_images": {"greedy": None}}})
+    assert mode_shard_ranges(lifted["sweep"], "greedy") == [(0, 2), (2, 4)]
     with pytest.raises(UserError, match="gredy") as err:
         validate_config({"sweep": {"mode_images": {"gredy": 32}}})
     assert "\n" not in str(err.value)

@@ -132,7 +132,7 @@ def _check_sweep(cfg: dict) -> None:
     # A mode that does not run keeps its entry unread: a layered config (smoke.yaml, --config sweep=...) that drops
     # greedy from modes cannot delete config.yaml's mode_images.greedy, as Snakemake merges dictionaries.
     for mode, m in sweep.get("mode_images", {}).items():
-        if mode not in sweep["modes"]:
+        if mode not in sweep["modes"] or m is None:
             continue
         if not sweep["shards"] <= m <= sweep["n_images"]:
             raise UserError(f"config: sweep.mode_images.{mode} = {m} must lie between sweep.shards "
@@ -339,12 +339,13 @@ def shard_ranges(n: int, shards: int, align: int = 1) -> list[tuple[int, int]]:
 
 
 def mode_shard_ranges(sweep: dict, mode: str) -> list[tuple[int, int]]:
-    """The image ranges of a mode's shards: the sweep's shard ranges (n_images), or with sweep.mode_images[mode] = m
+    """The image ranges of a mode's shards: the sweep's shard ranges (n_images; also with mode_images[mode] = null,
+    how a config layered on one that limits the mode lifts the limit), or with sweep.mode_images[mode] = m
     fewer images, the first of each shard's range (m spread over the shards as shard_ranges spreads n_images), so
     that an image keeps its index, seed and caption shard whichever modes run."""
     base = shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))
-    m = sweep.get("mode_images", {}).get(mode, sweep["n_images"])
-    if m == sweep["n_images"]:
+    m = sweep.get("mode_images", {}).get(mode)
+    if m is None or m == sweep["n_images"]:
         return base
     counts = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
     return [(lo, lo + c) for (lo, _), c in zip(base, counts)]
