@@ -289,7 +289,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
              "In-job speed-up (the headline, when generated with `sweep.in_job_vanilla`) = plain AR timed in the same "
-             "job on the same batches (all, or one in N: `sweep.in_job_vanilla_every`) / the method; with batches of B > 1 per-image times are batch wall time / B "
+             "job on the same batches (all, or one in N: `sweep.in_job_vanilla_every`) / the method; with batches "
+             "of B > 1 per-image times are batch wall time / B "
              "(throughput), and 'batch 1' is the paper's per-image latency, from images also decoded alone "
              "(`sweep.latency_images`); across-jobs speed-up = per-image time of the vanilla point / of the "
              "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
