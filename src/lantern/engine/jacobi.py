@@ -74,7 +74,7 @@ class Image:
         fresh = L - len(self.window)
         if fresh:
             self.window += torch.randint(len(uniform), (fresh,), generator=self.generator,
-                                         device=uniform.device).tolist()
+                                         device=self.generator.device).tolist()  # a CPU generator draws on the CPU
             self.qs += [uniform] * fresh
 
     def accept(self, P: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule, N: int) -> int | None:

@@ -307,7 +307,9 @@ class GPT(nn.Module):
                 f"condition dropout (p={p}) needs a null class row, which this c2i checkpoint lacks; "
                 "use it with class_dropout_prob: 0"
             )
-        drop = torch.rand(cond.shape[0], device=cond.device, generator=generator) < p
+        # drawn on the generator's device (a CPU generator cannot draw on CUDA), then moved to the condition's
+        draw_on = generator.device if generator is not None else cond.device
+        drop = (torch.rand(cond.shape[0], device=draw_on, generator=generator) < p).to(cond.device)
         null = self.null_cond(cond.shape[0], cond.device)
         if self.args.model_type == "c2i":
             return torch.where(drop, null, cond)
