@@ -169,6 +169,60 @@ def test_gpu_run_passes_through_without_pool_or_under_slurm(tmp_path):
     assert r.stdout.strip() == "3"  # SLURM's assignment stands
 
 
+@pytest.mark.parametrize("slurm_job", [None, "7"], ids=["local", "salloc"])
+def test_gpu_run_locks_within_cuda_visible_devices(tmp_path, slurm_job):
+    """CUDA_VISIBLE_DEVICES="3,5" (a SLURM allocation of two GPUs, or a user's choice): each command gets one of
+    them, never a device outside them (LANTERN_GPUS is this machine's list, not the allocation's, under SLURM)."""
+    e = gpu_env(tmp_path, "0,1") if slurm_job else gpu_env(tmp_path, "")
+    if slurm_job:
+        e["SLURM_JOB_ID"] = slurm_job
+    else:
+        e.pop("LANTERN_GPUS")
+    e = dict(e, CUDA_VISIBLE_DEVICES="3,5", CUDA_DEVICE_ORDER="FASTEST_FIRST")
+    release = tmp_path / "release"
+    hold = [sys.executable, str(GPU_RUN), "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER "
+            f"$LANTERN_GPU_RUN_DEVICE; while [ ! -e {release} ]; do sleep 0.05; done"]
+    holders = [subprocess.Popen(hold, env=e, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        got = sorted(p.stdout.readline().split() for p in holders)
+        assert got == [["3", "PCI_BUS_ID", "3"], ["5", "PCI_BUS_ID", "5"]]
+    finally:
+        release.touch()
+        for p in holders:
+            p.wait(timeout=RUN_TIMEOUT)
+
+
+def test_gpu_run_lock_folder_is_per_slurm_job(monkeypatch):
+    from lantern.pipeline import gpu_run
+
+    monkeypatch.delenv("LANTERN_GPU_LOCK_DIR", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    in_job = gpu_run.lock_dir()
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert in_job.endswith("-slurm41") and gpu_run.lock_dir().endswith("-slurm42")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert "slurm" not in gpu_run.lock_dir()
+
+
+def test_cuda_index_under_gpu_run_means_its_device(monkeypatch, capsys):
+    """device: cuda:2 in a job to which lantern-gpu-run left one visible GPU: that GPU, said in the log; without
+    gpu_run a missing index is still an error."""
+    import torch
+
+    from lantern.engine.checkpoint import parse_device
+    from lantern.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("LANTERN_GPU_RUN_DEVICE", raising=False)
+    with pytest.raises(UserError, match="does not exist"):
+        parse_device("cuda:2")
+    monkeypatch.setenv("LANTERN_GPU_RUN_DEVICE", "5")
+    assert parse_device("cuda:2") == torch.device("cuda", 0)
+    assert "gave this job GPU 5" in capsys.readouterr().err
+    assert parse_device("cuda:0") == torch.device("cuda", 0) and parse_device("cuda") == torch.device("cuda")
+
+
 def hold_intervals(workdir: Path) -> list[tuple[float, float, str]]:
     out = []
     for log in (workdir / "logs" / "gpu").glob("*.log"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,13 @@ def parse_device(name: str) -> torch.device:
         raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda or cuda:<index>") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {name!r} requested but CUDA is not available here; set device: cpu (or auto)")
+    assigned = os.environ.get("LANTERN_GPU_RUN_DEVICE")
+    if device.type == "cuda" and device.index is not None and assigned is not None and torch.cuda.device_count() == 1:
+        # lantern-gpu-run chose this job's GPU and left only it visible: cuda:N names that one, as cuda:0
+        if device.index != 0:
+            print(f"device {name}: lantern-gpu-run gave this job GPU {assigned} (its only visible device); "
+                  "using it as cuda:0", file=sys.stderr, flush=True)
+        return torch.device("cuda", 0)
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
                         "device(s); use cuda (or auto)")

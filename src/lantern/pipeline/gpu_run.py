@@ -9,8 +9,14 @@ child still holding the descriptor) lives, and is released by the kernel even af
 When every device is taken, it waits for one.
 
 Pool: $LANTERN_GPUS (e.g. "0,1,3"), else $CUDA_VISIBLE_DEVICES, else the GPUs `nvidia-smi -L` lists.
-With an empty pool (a CPU machine), or inside a SLURM job (SLURM assigns the devices), CMD runs unchanged.
-Locks live in $LANTERN_GPU_LOCK_DIR (default /tmp/lantern-gpu-locks-<uid>): one machine, one folder.
+Inside a SLURM job the pool is the devices SLURM gave it ($CUDA_VISIBLE_DEVICES): with several (the local-gpu
+profile inside `salloc --gpus=4`) each command locks one of them; with one, CMD runs on it unchanged.
+With an empty pool (a CPU machine) CMD runs unchanged.
+CUDA_DEVICE_ORDER=PCI_BUS_ID is set for CMD, so a device number means the GPU `nvidia-smi` shows under it (CUDA's
+own default order, fastest first, may differ). LANTERN_GPU_RUN_DEVICE tells CMD that it was given exactly one
+device (`device: cuda:N` then means that device: engine/checkpoint.parse_device).
+Locks live in $LANTERN_GPU_LOCK_DIR (default /tmp/lantern-gpu-locks-<uid>, plus -slurm<job id> inside a SLURM job,
+whose device numbers are its own): one machine (or allocation), one folder.
 """
 import fcntl
 import os
@@ -24,6 +30,8 @@ POLL_SECONDS = 2.0
 
 
 def device_pool() -> list[str]:
+    if "SLURM_JOB_ID" in os.environ:  # SLURM's assignment is the pool, whatever LANTERN_GPUS says for this machine
+        return [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     for var in ("LANTERN_GPUS", "CUDA_VISIBLE_DEVICES"):
         if var in os.environ:
             return [d.strip() for d in os.environ[var].split(",") if d.strip()]
@@ -34,7 +42,9 @@ def device_pool() -> list[str]:
 
 
 def lock_dir() -> str:
-    return os.environ.get("LANTERN_GPU_LOCK_DIR", f"/tmp/lantern-gpu-locks-{os.getuid()}")
+    # two SLURM jobs on one node may both call their devices 0,1: their locks must not meet
+    job = f"-slurm{os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else ""
+    return os.environ.get("LANTERN_GPU_LOCK_DIR", f"/tmp/lantern-gpu-locks-{os.getuid()}{job}")
 
 
 def try_lock(path: str) -> int | None:
@@ -69,12 +79,15 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]
     if not argv:
         sys.exit("usage: lantern-gpu-run CMD [ARGS...]")
-    pool = [] if "SLURM_JOB_ID" in os.environ else device_pool()
-    if pool:
+    pool = device_pool()
+    if len(pool) > 1 or (pool and "SLURM_JOB_ID" not in os.environ):  # one device of a SLURM job is its own
         dev, fd = acquire(pool)
         os.set_inheritable(fd, True)  # CMD holds the lock from here on
         os.environ["CUDA_VISIBLE_DEVICES"] = dev
         print(f"gpu_run: CUDA_VISIBLE_DEVICES={dev}", file=sys.stderr, flush=True)
+    if pool:  # CMD sees exactly one device, numbered as nvidia-smi numbers it
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["LANTERN_GPU_RUN_DEVICE"] = os.environ["CUDA_VISIBLE_DEVICES"]
     try:
         os.execvp(argv[0], argv)
     except FileNotFoundError:
