@@ -6,7 +6,7 @@ import torch
 from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
 from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-from lantern.metrics.bootstrap import fid_se, fid_values, prc_se, prc_values, resamples
+from lantern.metrics.bootstrap import fid_se, fid_values, knn_radii, prc_se, prc_values, resamples
 
 
 def gaussian(n, d=8, shift=0.0, seed=0):
@@ -58,3 +58,51 @@ def test_standard_errors_shrink_like_one_over_root_n():
     se_p, se_r = prc_se(large, ref[:400], 3, resamples(400, 400, 1))
     assert se_p == pytest.approx(np.sqrt(p * (1 - p) / 400), rel=0.2)
     assert 0 < se_r < 0.1
+
+
+# -- distances in row chunks (an ImageNet-val reference: 50k x 4096 VGG16 features) -------------------------------
+def test_chunked_radii_and_memberships_equal_the_unchunked_ones():
+    """A chunk that does not divide either set (a partial last block) gives the numbers of one full block."""
+    gen, ref = gaussian(90, d=16, shift=0.3), gaussian(150, d=16, seed=1)
+    draws = np.concatenate([np.arange(90)[None], resamples(90, 6, 0)])
+    one_block = prc_values(gen, ref, 3, draws, chunk=10_000)
+    for chunk in (1, 7, 64):
+        assert [a.tolist() for a in prc_values(gen, ref, 3, draws, chunk=chunk)] == [a.tolist() for a in one_block]
+    assert torch.allclose(knn_radii(ref, 3, 7), torch.cdist(ref, ref).kthvalue(4, dim=1).values, rtol=1e-12)
+    p_all, r_all = calculate_precision_recall_full(gen, ref, 3)
+    assert (one_block[0][0], one_block[1][0]) == pytest.approx((p_all, r_all))
+
+
+def test_imagenet_val_shapes_stay_within_one_chunk_of_rows(monkeypatch):
+    """ImageNet-val's shape logic (VGG16's 4096-d features, more references than generated images, neither a
+    multiple of the chunk) at a size CI affords: every distance block the bootstrap computes has at most `chunk`
+    rows, so its memory is chunk x n x 8 bytes, never n_ref x n_gen or n_ref^2."""
+    from lantern.metrics import bootstrap
+
+    n_ref, n_gen, d, chunk = 500, 200, 4096, 64
+    ref = torch.randn(n_ref, d, generator=torch.Generator().manual_seed(0))
+    gen = torch.randn(n_gen, d, generator=torch.Generator().manual_seed(1)) * 1.1
+    blocks = []
+    cdist = torch.cdist
+
+    def recorded(a, b, *args, **kw):
+        out = cdist(a, b, *args, **kw)
+        blocks.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(bootstrap.torch, "cdist", recorded)
+    draws = resamples(n_gen, 3, 0)
+    precision, recall = prc_values(gen, ref, 3, draws, chunk=chunk)
+    monkeypatch.undo()
+    rows_against = {n: sum(rows for rows, cols in blocks if cols == n) for n in (n_gen, n_ref)}
+    # radii of the references against the references; radii of the generated images, then the memberships, against
+    # the generated images: every row once per pass, in blocks of at most `chunk` rows
+    assert max(rows for rows, _ in blocks) == chunk and {cols for _, cols in blocks} == {n_gen, n_ref}
+    assert rows_against == {n_ref: n_ref, n_gen: n_gen + n_ref}
+    want = prc_values(gen, ref, 3, draws, chunk=n_ref)
+    assert precision.tolist() == want[0].tolist() and recall.tolist() == want[1].tolist()
+
+
+def test_bad_chunk_is_refused():
+    with pytest.raises(ValueError, match="chunk=0"):
+        prc_values(gaussian(10), gaussian(10), 3, resamples(10, 2, 0), chunk=0)

@@ -30,6 +30,8 @@ def lantern_method(**kw):
      r"llamagen\.gpt_ckpt = /nope/c2i_B_256\.pt does not exist"),
     ({"metrics": {"fid_extractor": "inception-v3-compat"}}, r"metrics\.inception_weights is empty"),
     ({"device": "gpu"}, r"device"),
+    ({"metrics": {"bootstrap_chunk": 0}}, r"metrics\.bootstrap_chunk"),
+    ({"metrics": {"bootstrap_chunk": 512.0}}, r"metrics\.bootstrap_chunk"),
     ({"metrics": {"clip_model": "ViT-B-32", "clip_ckpt": "/x"}}, r"fid_extractor = clip uses the toy CLIP"),
     (lantern_method(delta=[1.5]), r"delta = 1\.5 exceeds 1"),
     (lantern_method(delta=[float("nan")]), r"delta = nan must be a finite number"),

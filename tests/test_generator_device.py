@@ -63,7 +63,8 @@ def test_plain_ar_draws_on_the_generators_device(one_thread):
     from lantern.engine.generate import generate
 
     with generator_device_check() as mode:
-        generate(tiny_target(), torch.arange(3), SamplingParams(cfg_scale=2.0), [image_generator(0, i) for i in range(3)])
+        gens = [image_generator(0, i) for i in range(3)]
+        generate(tiny_target(), torch.arange(3), SamplingParams(cfg_scale=2.0), gens)
     assert mode.draws > 0
 
 

@@ -66,10 +66,14 @@ class FidelityParams:
     cache_dir: str = ""  # reference features/statistics cache; "" = never cache
     seed: int = 2020  # torch-fidelity rng_seed (KID subsets) and the bootstrap's resamples
     bootstrap: int = 200  # resamples of the generated images for FID / precision / recall standard errors; 0 = none
+    bootstrap_chunk: int = 1024  # feature rows per distance block of the precision / recall bootstrap (memory bound)
 
     def __post_init__(self):
         if self.bootstrap < 0 or self.bootstrap == 1:
             raise UserError(f"fidelity bootstrap = {self.bootstrap} must be 0 (no standard errors) or >= 2 resamples")
+        chunk = self.bootstrap_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise UserError(f"fidelity bootstrap_chunk = {self.bootstrap_chunk!r} must be a positive number of rows")
         if self.resolution < 0 or self.kid_subsets < 1 or self.prc_neighborhood < 1 or self.batch_size < 1:
             raise UserError("fidelity resolution must be >= 0 and kid_subsets, prc_neighborhood, batch_size >= 1")
         if self.kid_subset_size < 2:
@@ -261,7 +265,7 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p
         gen_prc, ref_prc = gen, ref
     out.update(prc_features_to_metric(gen_prc, ref_prc, **common))
     if p.bootstrap:
-        precision_se, recall_se = prc_se(gen_prc, ref_prc, p.prc_neighborhood, draws)
+        precision_se, recall_se = prc_se(gen_prc, ref_prc, p.prc_neighborhood, draws, p.bootstrap_chunk)
         spread.update(fid_se=fid_se(gen, fid_ref["mu"], fid_ref["sigma"], draws), precision_se=precision_se,
                       recall_se=recall_se)
     else:

@@ -361,7 +361,8 @@ def evaluate_params(cfg: dict, clip_weights: str) -> dict:
     else:
         fidelity = {"extractor": "inception-v3-compat", "weights_path": m["inception_weights"]}
     fidelity.update(cache_dir=f"{cfg['outdir']}/metrics/reference_cache", resolution=m["resolution"],
-                    resize_filter=m["resize_filter"], vgg16_weights=m["vgg16_weights"], bootstrap=m["bootstrap"])
+                    resize_filter=m["resize_filter"], vgg16_weights=m["vgg16_weights"], bootstrap=m["bootstrap"],
+                    bootstrap_chunk=m["bootstrap_chunk"])
     clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
             "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
     return {"fidelity": fidelity, "clip": clip}
