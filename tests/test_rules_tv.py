@@ -91,6 +91,33 @@ def test_live_edges_are_the_surplus_to_deficit_edges_in_order(B, k):
     assert list(zip(row.tolist(), fsrc.tolist(), fdst.tolist())) == want and want
 
 
+def test_neighbour_index_is_built_once_per_table_and_k():
+    """LANTERN-TV's edges are not rebuilt per call: one int64 index per (table object, k), dropped when the table
+    is edited in place or gone; results are bit-identical to a first call on a fresh copy of the table."""
+    import gc
+
+    from lantern.engine import retarget as module
+
+    g = torch.Generator().manual_seed(7)
+    V, k = 12, 4
+    table = rand_table(g, V)
+    p = torch.stack([rand_dist(g, V) for _ in range(3)])
+    q = torch.stack([rand_dist(g, V, zeros=2) for _ in range(3)])
+    first = module.neighbour_index(table, k)
+    assert module.neighbour_index(table, k) is first and module.neighbour_index(table, 2) is not first
+    assert torch.equal(first, table[:, :k].reshape(-1).long())
+    want = retarget(p, q, table.clone(), k, 0.2)  # a new table object: built afresh
+    assert all(torch.equal(retarget(p, q, table, k, 0.2), want) for _ in range(3))
+    assert module.neighbour_index(table, k) is first  # the calls above reused it
+    table[0] = table[0].flip(0)  # edited in place: rebuilt
+    assert torch.equal(module.neighbour_index(table, k), table[:, :k].reshape(-1).long())
+    del table
+    gc.collect()
+    other = rand_table(g, V)
+    module.neighbour_index(other, k)
+    assert all(ref() is not None for ref, _, _ in module._INDEX.values())  # entries of dead tables pruned
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_sampled_drafts_emit_the_relaxed_target_within_delta(seed):
     g = torch.Generator().manual_seed(seed)

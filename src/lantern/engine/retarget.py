@@ -28,6 +28,7 @@ the token emitted is the argmax of a distribution within TV delta of p. delta = 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +40,32 @@ ROUNDS = 3
 
 
 def neighbour_edges(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(src, dst) of the symmetric neighbour graph: a -> table[a, j] and back, j < k (2 V k edges)."""
+    """(src, dst) of the symmetric neighbour graph: a -> table[a, j] and back, j < k (2 V k edges), edge a k + j
+    being a -> table[a, j] and edge V k + a k + j its reverse. The definition of live_edges' order; decoding never
+    builds this list (2 x 250 MiB of int64 at V = 16384, k = 1000), live_edges finds its live edges' ends from
+    `neighbour_index` alone."""
     V = table.shape[0]
     a = torch.arange(V, device=table.device).repeat_interleave(k)
-    b = table[:, :k].reshape(-1).long()
+    b = neighbour_index(table, k)
     return torch.cat([a, b]), torch.cat([b, a])
+
+
+# (id(table), k) -> (a weak reference to the table, its version, table[:, :k] flattened as int64)
+_INDEX: dict[tuple[int, int], tuple[weakref.ref, int, Tensor]] = {}
+
+
+def neighbour_index(table: Tensor, k: int) -> Tensor:
+    """table[:, :k] flattened to int64 [V k], built once per (table, k) and reused while that table object lives
+    unchanged (a decoder passes one table to every verification; an in-place edit bumps its version)."""
+    key = (id(table), k)
+    hit = _INDEX.get(key)
+    if hit is not None and hit[0]() is table and hit[1] == table._version:
+        return hit[2]
+    for stale in [key_ for key_, (ref, _, _) in _INDEX.items() if ref() is None]:  # tables gone since
+        del _INDEX[stale]
+    index = table[:, :k].reshape(-1).long()
+    _INDEX[key] = (weakref.ref(table), table._version, index)
+    return index
 
 
 def live_edges(surplus: Tensor, deficit: Tensor, table: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -54,12 +76,16 @@ def live_edges(surplus: Tensor, deficit: Tensor, table: Tensor, k: int) -> tuple
     of the 2 V k edges. They are found on [B, V, k] booleans before any index is built (the index arithmetic on all
     2 B V k edges was most of a LANTERN-TV job's time)."""
     B, V = surplus.shape
-    nb = table[:, :k].reshape(-1).long()
+    nb = neighbour_index(table, k)
     forward = surplus.unsqueeze(-1) & deficit.index_select(1, nb).view(B, V, k)  # a -> table[a, j]
     back = surplus.index_select(1, nb).view(B, V, k) & deficit.unsqueeze(-1)  # table[a, j] -> a
     row, edge = torch.cat([forward.view(B, -1), back.view(B, -1)], dim=1).nonzero(as_tuple=True)
-    src, dst = neighbour_edges(table, k)
-    return row, row * V + src.index_select(0, edge), row * V + dst.index_select(0, edge)
+    # neighbour_edges' ends of the live edges only: edge e < V k is e // k -> nb[e], edge V k + e its reverse
+    reverse = edge >= V * k
+    e = edge - reverse * (V * k)
+    a, b = torch.div(e, k, rounding_mode="floor"), nb.index_select(0, e)
+    src, dst = torch.where(reverse, b, a), torch.where(reverse, a, b)
+    return row, row * V + src, row * V + dst
 
 
 def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: int = ROUNDS) -> Tensor:
