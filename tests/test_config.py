@@ -31,6 +31,8 @@ def lantern_method(**kw):
     ({"metrics": {"fid_extractor": "inception-v3-compat"}}, r"metrics\.inception_weights is empty"),
     ({"device": "gpu"}, r"device"),
     ({"metrics": {"bootstrap_chunk": 0}}, r"metrics\.bootstrap_chunk"),
+    ({"toy": {"drafter": {"checkpoint_every": -5}}}, r"toy\.drafter\.checkpoint_every"),
+    ({"toy": {"drafter": {"checkpoint_every": 2.5}}}, r"toy\.drafter\.checkpoint_every"),
     ({"metrics": {"bootstrap_chunk": 512.0}}, r"metrics\.bootstrap_chunk"),
     ({"metrics": {"clip_model": "ViT-B-32", "clip_ckpt": "/x"}}, r"fid_extractor = clip uses the toy CLIP"),
     (lantern_method(delta=[1.5]), r"delta = 1\.5 exceeds 1"),

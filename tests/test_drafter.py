@@ -143,8 +143,9 @@ def test_cli(tmp_path, capsys):
     torch.save({"tokens": tokens, "labels": labels, "captions": [""] * 40}, tmp_path / "tok.pt")
     out = tmp_path / "drafter.pt"
     main(["--target", str(tmp_path / "gpt.pt"), "--tokens", str(tmp_path / "tok.pt"), "--out", str(out),
-          "--device", "cpu", "--params", '{"epochs": 1, "batch_size": 16}'])
+          "--device", "cpu", "--params", '{"epochs": 1, "batch_size": 16, "checkpoint_every": 1}'])
     assert "val top-1 agreement" in capsys.readouterr().out
+    assert not (tmp_path / "drafter.pt.resume.pt").exists()  # checkpoints were written, and dropped once done
     obj = torch.load(out, weights_only=True)
     assert obj["params"]["epochs"] == 1 and obj["target_args"]["dim"] == 32 and len(obj["metrics"]["history"]) == 1
     load_drafter(out, target)

@@ -10,7 +10,12 @@ or both.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +26,7 @@ from tqdm import tqdm
 
 from lantern.errors import UserError
 from lantern.params import params_from
-from lantern.io import load_torch, read_structured
+from lantern.io import load_torch, read_structured, save_torch
 from lantern.engine.model import GPT
 
 from lantern.engine.drafter import Drafter, save_drafter, target_states
@@ -45,9 +50,15 @@ class DrafterParams:
     max_sequences: int = 0  # 0: all
     seed: int = 0
     threads: int = 0
+    # optimizer steps between resume checkpoints (<out>.resume.pt, deleted once the drafter is written): a retried
+    # job goes on from the last one with the same final weights; 0: none
+    checkpoint_every: int = 1000
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise UserError(f"drafter checkpoint_every={every!r} must be an integer >= 0 (optimizer steps; 0: none)")
         if self.data not in ("real", "self", "both"):
             raise UserError(f"drafter data must be real, self or both; got {self.data!r}")
         if self.data != "real" and self.n_self < 1:
@@ -110,10 +121,47 @@ def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
     return torch.cat(out)
 
 
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA (the drafter's fp32 master weights and AdamW state stay fp32; bf16 needs no loss
+    scaling); a CPU trains in fp32 as before."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def run_identity(target: GPT, tokens: Tensor, params: DrafterParams) -> dict:
+    """What a resume checkpoint must share with this run: the params that change the weights, the target's shape
+    and the training tokens (their checksum)."""
+    kept = {k: v for k, v in dataclasses.asdict(params).items() if k != "checkpoint_every"}
+    return {"params": json.dumps(kept, sort_keys=True, default=str), "target": json.dumps(target.args.to_dict(),
+            sort_keys=True, default=str), "tokens": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
+            "tokens_shape": list(tokens.shape)}
+
+
+def read_resume(path: Path | None, identity: dict) -> dict | None:
+    """The resume checkpoint at `path` when it belongs to this run, else None (a foreign or broken one is said and
+    ignored: training starts afresh and overwrites it)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = load_torch(path, "drafter resume checkpoint")
+    except UserError as e:
+        print(f"train-drafter: ignoring {e}; starting afresh", file=sys.stderr, flush=True)
+        return None
+    if state.get("identity") != identity:
+        print(f"train-drafter: {path} is another run's checkpoint (other params, target or tokens); starting afresh",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"train-drafter: resuming from {path} at step {state['step']}", file=sys.stderr, flush=True)
+    return state
+
+
 def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
-                  cond_mask: Tensor | None = None) -> tuple[Drafter, dict]:
+                  cond_mask: Tensor | None = None, resume: str | Path | None = None) -> tuple[Drafter, dict]:
     """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels, caption features,
-    or CaptionRows gathered batch by batch); the target's hidden states are computed per batch, never stored."""
+    or CaptionRows gathered batch by batch); the target's hidden states are computed per batch, never stored.
+    resume: a checkpoint file written every params.checkpoint_every steps and read back by a rerun, which then
+    ends with the weights of an uninterrupted run (same machine, threads and device)."""
     device = target.output.weight.device
     target.eval().requires_grad_(False)
     torch.manual_seed(params.seed)
@@ -136,27 +184,51 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
         m = None if cond_mask is None else cond_mask[idx].to(device)
         return c, tokens[idx][:, :-1].to(device), m
 
-    history = []
-    bar = tqdm(total=params.epochs * batches, desc="train-drafter", mininterval=2.0)
-    for epoch in range(params.epochs):
+    resume = Path(resume) if resume is not None and params.checkpoint_every else None
+    identity = run_identity(target, tokens, params) if resume is not None else None
+    state = read_resume(resume, identity)
+    history, step, start_epoch, start_b, perm, total = [], 0, 0, 0, None, 0.0
+    if state is not None:
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        shuffle.set_state(state["shuffle"])
+        torch.set_rng_state(state["rng"])
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        history, step, start_epoch, start_b = state["history"], state["step"], state["epoch"], state["batch"]
+        perm, total = state["perm"], state["total"]
+
+    def checkpoint(epoch: int, b: int) -> None:
+        save_torch({"identity": identity, "step": step, "epoch": epoch, "batch": b, "perm": perm, "total": total,
+                    "history": history, "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+                    "shuffle": shuffle.get_state(), "rng": torch.get_rng_state(),
+                    **({"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}, resume)
+
+    bar = tqdm(total=params.epochs * batches, initial=step, desc="train-drafter", mininterval=2.0)
+    for epoch in range(start_epoch, params.epochs):
         drafter.train()
-        perm = train_idx[torch.randperm(len(train_idx), generator=shuffle)]
-        total = 0.0
-        for b in range(batches):
+        if epoch > start_epoch or perm is None:  # a resumed epoch keeps the order it was drawn with
+            perm, total = train_idx[torch.randperm(len(train_idx), generator=shuffle)], 0.0
+        for b in range(start_b if epoch == start_epoch else 0, batches):
             c, t, m = batch_of(perm[b * params.batch_size : (b + 1) * params.batch_size], drop=True)
-            losses = drafter_losses(drafter, target, c, t, params.hidden_noise, m)
-            loss = losses["reg"] + params.ce_weight * losses["ce"]
+            with autocast(device):
+                losses = drafter_losses(drafter, target, c, t, params.hidden_noise, m)
+                loss = losses["reg"] + params.ce_weight * losses["ce"]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_value_(trainable, params.grad_clip)
             opt.step()
             total += loss.item()
+            step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+            if resume is not None and step % params.checkpoint_every == 0:
+                checkpoint(epoch, b + 1)
         row = {"epoch": epoch + 1, "train_loss": total / batches}
         # one batch on the device at a time: t2i caption features of a 100k-image set would not fit at once
-        row.update(evaluate(drafter, target, (batch_of(val_idx[lo : lo + params.batch_size], drop=False)
-                                             for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight))
+        with autocast(device):
+            row.update(evaluate(drafter, target, (batch_of(val_idx[lo : lo + params.batch_size], drop=False)
+                                                 for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight))
         history.append(row)
         tqdm.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     bar.close()
@@ -305,6 +377,7 @@ def _take(cond, rows: Tensor):
 # -- CLI ----------------------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> None:
     from lantern.engine.checkpoint import load_gpt, parse_device
+    from lantern.engine.determinism import configure as configure_determinism
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")
@@ -314,7 +387,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="drafter checkpoint")
     ap.add_argument("--params", default=None, help="DrafterParams (JSON/YAML or file)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter trains in fp32")
+    ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter's weights are fp32 "
+                    "(on CUDA its forward runs under bf16 autocast)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), DrafterParams)
     if params.data != "self" and not a.tokens:
@@ -322,7 +396,9 @@ def main(argv: list[str]) -> None:
     if params.threads > 0:
         torch.set_num_threads(params.threads)
     spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
-    target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(parse_device(a.device)))
+    device = parse_device(a.device)
+    configure_determinism(device)  # CUDA: deterministic kernels, so a resumed run ends where an uninterrupted one does
+    target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(device))
     captions = None
     if a.caption_features:
         if target.args.model_type != "t2i":
@@ -341,8 +417,10 @@ def main(argv: list[str]) -> None:
         keep = torch.arange(min(params.max_sequences, len(tokens)))
         tokens, cond = tokens[keep], _take(cond, keep)
         cond_mask = None if cond_mask is None else cond_mask[keep]
-    drafter, metrics = train_drafter(target, tokens, cond, params, cond_mask)
+    resume = Path(f"{a.out}.resume.pt")
+    drafter, metrics = train_drafter(target, tokens, cond, params, cond_mask, resume=resume)
     save_drafter(a.out, drafter, params, metrics=metrics, target=str(a.target), tokens=a.tokens or [],
                  caption_features=a.caption_features or [])
+    resume.unlink(missing_ok=True)  # the drafter is written: nothing left to resume
     last = metrics["history"][-1]
     print(f"drafter -> {a.out}: val top-1 agreement {last['val_top1']:.3f}, val acceptance {last['val_accept']:.3f}")
