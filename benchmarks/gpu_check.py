@@ -1,0 +1,277 @@
+"""GPU acceptance check, for the day a CUDA device is at hand: one device, under 10 minutes, one CSV.
+
+    python benchmarks/gpu_check.py [--out gpu_check.csv] [--sizes GPT-B GPT-L GPT-XL] [--batch 1 8]
+        [--tokens 256] [--budget-s 420]
+
+1. compiled == eager: every decoder (plain AR and every drafting kind with the registry's rules) decodes a batch of
+   a random toy-shaped target with compile on (CUDA graphs, engine/compiled.py) and off, sampling and greedy, from
+   the same generators; the tokens must be equal (exit status 1 if not).
+2. host syncs: torch.cuda.set_sync_debug_mode("warn") over one batch (B = 8, CFG, sampling) of every decoder
+   (eager, so compilation does not count); the count of synchronizing CUDA calls and that count per round (target
+   forwards after the prefill). CUDA reports the calls that block (.item(), .tolist(), nonzero, device->host
+   copies); host->device copies of pageable memory do not show.
+3. latency, GPT-B/L/XL shapes with random bf16 weights, --tokens image tokens, batch 1 and 8, CFG 4: plain AR per
+   token through this project's compiled decode step; the upstream-style plain AR loop (LlamaGen's: same forward and
+   sampling math, tokens drawn on the device by torch.multinomial, no compile, no per-image generators); and a
+   speculative round's cost (the batched chain decoder, exact rule, gamma 4, a random drafter of the target's width,
+   compiled verify) per round. Random weights give near-flat distributions, so acceptance says nothing here: these
+   rows time what a token and a round cost. Rows not begun when --budget-s is spent are written as skipped.
+
+On a machine without CUDA it stops with one line. --smoke runs every step at toy sizes on the CPU (no compile, no
+sync counting: both are CUDA's) so that tests/test_gpu_check.py keeps the script working; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+SIZES = ("GPT-B", "GPT-L", "GPT-XL")
+# the spec of every decoder: plain AR, then each drafting kind with the rules that change its code path
+SPECS = {
+    "vanilla": {"name": "vanilla"},
+    "chain-exact": {"name": "exact", "drafting": "chain", "gamma": 4},
+    "chain-lantern": {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.2, "k": 50},
+    "chain-lanterntv": {"name": "lanterntv", "drafting": "chain", "gamma": 4, "delta": 0.2, "k": 50},
+    "chain-coolsd": {"name": "coolsd", "drafting": "chain", "gamma": 4, "scale": 2.0, "nu": 0.1},
+    "static-lanternpp": {"name": "lanternpp", "drafting": "static", "tree": "naive_extend_57", "lam": 5.0, "k": 50},
+    "dynamic-exact": {"name": "exact", "drafting": "dynamic"},
+    "jacobi-sjd": {"name": "exact", "drafting": "jacobi", "window": 16},
+    "jacobi-gsd": {"name": "gsd", "drafting": "jacobi", "window": 16, "k": 10},
+}
+
+
+def refuse_without_cuda(smoke: bool) -> None:
+    import torch
+
+    if not smoke and not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a machine with a GPU")
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device, fn):
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+class World:
+    """A random target and the files build_decoder reads (drafter, VQ, neighbour table), in a temporary folder."""
+
+    def __init__(self, args, device, dtype, folder: Path):
+        import dataclasses
+
+        import torch
+
+        from lantern.engine.checkpoint import save_checkpoint
+        from lantern.engine.drafter import Drafter, save_drafter
+        from lantern.engine.model import GPT
+        from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
+        from lantern.engine.vq import VQArgs, VQModel
+        from lantern.io import save_torch
+
+        torch.manual_seed(0)
+        self.target = GPT(args).to(device=device, dtype=dtype).eval()
+        self.device, self.folder = device, folder
+        save_drafter(folder / "drafter.pt", Drafter.from_target(self.target))
+        vq_args = VQArgs(codebook_size=args.vocab_size, codebook_embed_dim=8, ch=8, ch_mult=(1, 1), z_channels=8,
+                         enc_res_blocks=1, dec_res_blocks=1, norm_groups=4)
+        save_checkpoint(folder / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
+        save_torch(build_table(read_codebook(folder / "vq.pt"), NeighbourParams(k=50)), folder / "neighbours.pt")
+
+    def decoder(self, spec: dict, params, compile: bool):
+        """(cond, generators) -> (tokens, stats): plain AR or the registry's decoder of `spec`."""
+        from lantern.engine import methods
+        from lantern.engine.generate import generate
+
+        if spec["name"] == "vanilla":
+            return lambda cond, gens: generate(self.target, cond, params, gens, compile=compile)
+        run = methods.build_decoder(spec, params, self.target, str(self.folder / "drafter.pt"),
+                                    str(self.folder / "neighbours.pt"), str(self.folder / "vq.pt"), self.device,
+                                    compile)
+        return lambda cond, gens: run(cond, gens)
+
+
+def batch(world: World, B: int, seed: int = 0):
+    import torch
+
+    from lantern.engine.sampling import image_generator
+
+    cond = torch.arange(B, device=world.device) % world.target.args.num_classes
+    return cond, [image_generator(seed, i) for i in range(B)]
+
+
+def check_compiled_equals_eager(world: World, rows: list, smoke: bool) -> bool:
+    from lantern.engine.sampling import SamplingParams
+
+    ok = True
+    for mode, params in (("sampling", SamplingParams(cfg_scale=2.0)), ("greedy", SamplingParams(cfg_scale=2.0,
+                                                                                                greedy=True))):
+        for name, spec in SPECS.items():
+            if smoke:  # inductor on a CPU takes minutes per shape: the smoke run checks the plumbing only
+                rows.append(row("compiled_equals_eager", name, mode=mode, note="not run (--smoke: no compile)"))
+                continue
+            eager, _ = world.decoder(spec, params, False)(*batch(world, 4))
+            compiled, _ = world.decoder(spec, params, True)(*batch(world, 4))
+            same = bool((eager == compiled).all())
+            ok &= same
+            rows.append(row("compiled_equals_eager", name, mode=mode, value=same, unit="bool"))
+            print(f"compiled == eager, {name} {mode}: {same}", flush=True)
+    return ok
+
+
+def count_syncs(world: World, rows: list, smoke: bool) -> None:
+    import torch
+
+    from lantern.engine.sampling import SamplingParams
+
+    params = SamplingParams(cfg_scale=2.0)
+    for name, spec in SPECS.items():
+        run = world.decoder(spec, params, False)
+        run(*batch(world, 8))  # warm-up: first-call allocations and lazy initialisation are not the loop's
+        if smoke:
+            rows.append(row("host_syncs_per_round", name, batch=8, note="not run (--smoke: CUDA's sync debug mode)"))
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _, stats = run(*batch(world, 8))
+                sync(world.device)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        rounds = max(s.target_forwards for s in stats) - 1  # the prefill aside
+        rows.append(row("host_syncs", name, batch=8, value=syncs, unit="syncs per batch"))
+        rows.append(row("host_syncs_per_round", name, batch=8, value=round(syncs / max(rounds, 1), 1),
+                        unit="syncs per round", note=f"{rounds} rounds"))
+        print(f"host syncs, {name}: {syncs} over {rounds} rounds", flush=True)
+
+
+def upstream_ar(model, cond, params) -> None:
+    """LlamaGen-style plain AR: the same forward and sampling math as generate.generate, each token drawn on the
+    device by torch.multinomial from the global CUDA generator, eager, no per-image generators."""
+    import torch
+
+    from lantern.engine.generate import cfg_rows, decode_one_token, duplicate_for_cfg, prefill
+    from lantern.engine.sampling import logits_to_probs, mix_cfg
+
+    T, N = model.args.cls_token_num, model.args.image_tokens
+    rows, rows_mask = cfg_rows(model, cond, params)
+    model.setup_cache(rows.shape[0])
+    logits, _ = prefill(model, rows, rows_mask)
+    for i in range(N):
+        token = torch.multinomial(logits_to_probs(mix_cfg(logits, params, i), params), 1)[:, 0]
+        if i == N - 1:
+            break
+        logits, _ = decode_one_token(model, duplicate_for_cfg(token, params), T + i)
+    model.clear_cache()
+
+
+def latency(args_of, sizes, batches, a, rows: list, device, dtype, started: float) -> None:
+    import torch
+
+    from lantern.engine.sampling import SamplingParams
+
+    params = SamplingParams(cfg_scale=4.0)
+    chain = SPECS["chain-exact"]
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as folder:
+            world = World(args_of(size), device, dtype, Path(folder))
+            N = world.target.args.image_tokens
+            compile = not a.smoke
+            size = f"{size} (tiny: --smoke)" if a.smoke else size
+            for B in batches:
+                if time.perf_counter() - started > a.budget_s:
+                    rows.append(row("latency", size, batch=B, note=f"skipped: --budget-s {a.budget_s:g} spent"))
+                    continue
+                cond, _ = batch(world, B)
+                ours = world.decoder({"name": "vanilla"}, params, compile)
+                ours(*batch(world, B))  # warm-up (and compilation)
+                t_ours, _ = timed(device, lambda: ours(*batch(world, B)))
+                with torch.no_grad():
+                    upstream_ar(world.target, cond, params)
+                    t_up, _ = timed(device, lambda: upstream_ar(world.target, cond, params))
+                spec = world.decoder(chain, params, compile)
+                spec(*batch(world, B))
+                t_spec, (_, stats) = timed(device, lambda: spec(*batch(world, B)))
+                rounds = max(s.target_forwards for s in stats) - 1
+                path = "compiled (CUDA graphs)" if compile else "eager (--smoke)"
+                rows += [
+                    row("plain_ar_ms_per_token", size, batch=B, value=1e3 * t_ours / N, unit="ms", note=path),
+                    row("upstream_ar_ms_per_token", size, batch=B, value=1e3 * t_up / N, unit="ms",
+                        note="eager, torch.multinomial on the device"),
+                    row("chain_round_ms", size, batch=B, value=1e3 * t_spec / max(rounds, 1), unit="ms",
+                        note=f"exact, gamma 4, {rounds} rounds, {path}"),
+                ]
+                print(f"{size} batch {B}: plain AR {1e3 * t_ours / N:.3f} ms/token ({path}), upstream-style "
+                      f"{1e3 * t_up / N:.3f} ms/token, chain round {1e3 * t_spec / max(rounds, 1):.3f} ms", flush=True)
+            del world
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def row(check: str, name: str, batch: int | None = None, mode: str = "", value=None, unit: str = "",
+        note: str = "") -> dict:
+    return {"check": check, "name": name, "batch": batch, "mode": mode, "value": value, "unit": unit, "note": note}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu_check.csv")
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--tokens", type=int, default=256, help="image tokens of the latency models (a square)")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="latency rows not begun after this many seconds are skipped (compiling XL takes minutes)")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: the script's plumbing, no numbers")
+    a = ap.parse_args(argv)
+    refuse_without_cuda(a.smoke)
+
+    import torch
+
+    from lantern.engine.model import ModelArgs, named_args
+    from lantern.io import atomic_path
+
+    started = time.perf_counter()
+    device = torch.device("cpu" if a.smoke else "cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # compiled == eager is asked in fp32 arithmetic
+    check_args = ModelArgs(dim=128, n_layer=2 if a.smoke else 6, n_head=4, vocab_size=512, num_classes=16,
+                           image_tokens=16 if a.smoke else 64, multiple_of=64)
+    if a.smoke:
+        tiny = dict(dim=64, n_layer=2, n_head=2, vocab_size=512, num_classes=16, image_tokens=16, multiple_of=64)
+        args_of, dtype = (lambda size: ModelArgs(**tiny)), torch.float32
+    else:
+        args_of, dtype = (lambda size: named_args(size, image_tokens=a.tokens)), torch.bfloat16
+    rows: list[dict] = []
+    with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
+        world = World(check_args, device, torch.float32, Path(folder))
+        ok = check_compiled_equals_eager(world, rows, a.smoke)
+        count_syncs(world, rows, a.smoke)
+        del world
+    latency(args_of, a.sizes, a.batch, a, rows, device, dtype, started)
+    rows.append(row("wall_s", "gpu_check", value=round(time.perf_counter() - started, 1), unit="s",
+                    note=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (--smoke)"))
+    with atomic_path(a.out) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"gpu_check: {len(rows)} rows -> {a.out}; compiled == eager: {'yes' if ok else 'NO'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
