@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._inductor.config as inductor
 
-from lantern.engine.determinism import configure, settings
+from lantern.pipeline.determinism import configure, settings
 from tiny import save_world, tiny_target
 
 

@@ -30,7 +30,7 @@ from PIL import Image
 from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
 from lantern.engine.compiled import resolve
-from lantern.engine.determinism import configure as configure_determinism
+from lantern.pipeline.determinism import configure as configure_determinism
 from lantern.engine.methods import build_decoder, normalize, speculative
 from lantern.errors import UserError
 from lantern.engine.generate import generate

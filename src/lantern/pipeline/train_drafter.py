@@ -377,7 +377,7 @@ def _take(cond, rows: Tensor):
 # -- CLI ----------------------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> None:
     from lantern.engine.checkpoint import load_gpt, parse_device
-    from lantern.engine.determinism import configure as configure_determinism
+    from lantern.pipeline.determinism import configure as configure_determinism
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
     ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")
