@@ -129,13 +129,14 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def run_identity(target: GPT, tokens: Tensor, params: DrafterParams) -> dict:
-    """What a resume checkpoint must share with this run: the params that change the weights, the target's shape
-    and the training tokens (their checksum)."""
+def run_identity(target: GPT, tokens: Tensor, cond, params: DrafterParams) -> dict:
+    """What a resume checkpoint must share with this run: the params that change the weights, the target's shape,
+    the training tokens and their conditions (checksums; caption features by the rows they are gathered from)."""
     kept = {k: v for k, v in dataclasses.asdict(params).items() if k != "checkpoint_every"}
+    digest = lambda t: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()  # noqa: E731
     return {"params": json.dumps(kept, sort_keys=True, default=str), "target": json.dumps(target.args.to_dict(),
-            sort_keys=True, default=str), "tokens": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest(),
-            "tokens_shape": list(tokens.shape)}
+            sort_keys=True, default=str), "tokens": digest(tokens), "tokens_shape": list(tokens.shape),
+            "cond": digest(cond.where if isinstance(cond, CaptionRows) else cond)}
 
 
 def read_resume(path: Path | None, identity: dict) -> dict | None:
@@ -185,7 +186,7 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
         return c, tokens[idx][:, :-1].to(device), m
 
     resume = Path(resume) if resume is not None and params.checkpoint_every else None
-    identity = run_identity(target, tokens, params) if resume is not None else None
+    identity = run_identity(target, tokens, cond, params) if resume is not None else None
     state = read_resume(resume, identity)
     history, step, start_epoch, start_b, perm, total = [], 0, 0, 0, None, 0.0
     if state is not None:
