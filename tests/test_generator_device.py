@@ -19,6 +19,7 @@ SPECS = [
     {"name": "lanterntv", "drafting": "chain", "gamma": 3, "delta": 0.3, "k": 4},
     {"name": "lanterntv", "drafting": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 3, "delta": 0.3, "k": 4},
     {"name": "coolsd", "drafting": "static", "tree": "twin_chain_8", "scale": 2.0, "nu": 0.2},
+    {"name": "coolsd", "drafting": "chain", "gamma": 3, "scale": 2.0, "nu": 0.2},
     {"name": "exact", "drafting": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 3},
     {"name": "exact", "drafting": "jacobi", "window": 4},  # SJD
     {"name": "gsd", "drafting": "jacobi", "window": 4, "group": 4, "k": 4},  # GSD
