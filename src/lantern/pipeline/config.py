@@ -145,6 +145,19 @@ def _check_sweep(cfg: dict) -> None:
                             f"{size} of the sweep's n_images; lower mode_images.{mode} or raise n_images")
 
 
+def _check_metric_sizes(cfg: dict) -> None:
+    """Every point of every mode gets the 2 images FID and KID need (else `lantern evaluate` fails after the whole
+    sweep was drawn). Precision / recall (k = 3 nearest neighbours in each set) need 4; `lantern evaluate` marks
+    them skipped, with the reason, below that."""
+    sweep = cfg["sweep"]
+    for mode in sweep["modes"]:
+        m = sweep.get("mode_images", {}).get(mode)
+        key, n = (f"sweep.mode_images.{mode}", m) if m is not None else ("sweep.n_images", sweep["n_images"])
+        if n < 2:
+            raise UserError(f"config: {key} = {n} gives each {mode} point {n} image; FID and KID need at least 2 "
+                            f"(precision / recall 4): raise {key}")
+
+
 def _check_methods(cfg: dict) -> None:
     """Every method entry through the registry (engine/methods.py), which also refuses two entries naming one point."""
     _check_sweep(cfg)
@@ -294,6 +307,7 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     _fill_llamagen(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
+    _check_metric_sizes(cfg)
     if cfg["world"] == "llamagen":
         _check_llamagen_checkpoints(cfg)
     return cfg
