@@ -55,7 +55,7 @@ def test_stage_i_drafter_converts_for_a_stage_i_target(tmp_path):
     (STAGE_I, {"input_type": "c2i"},
      "--src drafter config.json input_type = c2i, but --target is a t2i model; use the drafter released for this target"),
     (STAGE_I, {"input_type": "t2v"},
-     "--src drafter config.json input_type = 't2v' is none of c2i, t2i, t2i2; is it the authors' LlamaGen file?"),
+     "--src drafter config.json input_type = 't2v' is none of c2i, t2i, t2i2; is it the authors' LlamaGen drafter?"),
     ({}, {"block_size": 256},
      "--src drafter config.json block_size = 256 (stage I, 16 x 16 RoPE grid), but --target has 16 image tokens "
      "(16 tokens); use the drafter released for the target's stage (llamagen_drafter: t2i, stage I; "

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
-                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_spec,
-                                     validate_config)
+                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_source,
+                                     target_spec, validate_config)
 from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
 
@@ -64,7 +64,10 @@ IN_JOB_ARG = (f"--in-job-vanilla --in-job-vanilla-every {config['sweep']['in_job
 
 
 def target_ckpt():
-    return toy_model("default", "target") if TOY else LLAMAGEN["gpt_ckpt"]
+    if TOY:
+        return toy_model("default", "target")
+    # the LANTERN authors' HF-format folder is converted by the convert_target rule
+    return f"{OUT}/llamagen/target/converted.pt" if target_source(config) == "authors" else LLAMAGEN["gpt_ckpt"]
 
 
 def vq_ckpt():

@@ -128,6 +128,21 @@ if not TOY:  # the toy world trains its drafter in drafter.smk
             " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
 
 
+rule convert_target:
+    input:
+        src=LLAMAGEN["gpt_ckpt"] if not TOY and target_source(config) == "authors" else "none",
+    output:
+        f"{OUT}/llamagen/target/converted.pt",
+    log:
+        f"{OUT}/logs/llamagen/convert_target.log",
+    params:
+        spec=SPEC_ARG,
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern convert --kind target --src {input.src:q} {params.spec} --out {output:q} > {log:q} 2>&1"
+
+
 rule convert_drafter:
     input:
         src=LLAMAGEN["authors_drafter"] or "none",

@@ -180,25 +180,28 @@ def check_stated_tokens(stated: dict, user: dict) -> None:
                         f"image_tokens = {wanted} ({_grid(wanted)}); set the image size the target was trained for")
 
 
-def check_drafter_config(config: dict, a) -> None:
+def check_drafter_config(config: dict, a, where: str = "--src drafter config.json", target: str = "--target") -> None:
     """The authors' drafter config.json against the target it will serve (ModelArgs a): input_type (their RoPE grid
     and condition kind), block_size and the RoPE base where input_type does not fix them."""
-    kind = _input_type(config, "drafter")
+    kind = config.get("input_type")
+    if kind is not None and kind not in INPUT_TYPE_TOKENS:
+        raise UserError(f"{where} input_type = {kind!r} is none of {', '.join(INPUT_TYPE_TOKENS)}; is it the "
+                        "authors' LlamaGen drafter?")
     if kind is not None:
         if ("c2i" if kind == "c2i" else "t2i") != a.model_type:
-            raise UserError(f"--src drafter config.json input_type = {kind}, but --target is a {a.model_type} model; "
-                            "use the drafter released for this target")
+            raise UserError(f"{where} input_type = {kind}, but {target} is a {a.model_type} model; use the drafter "
+                            "released for this target")
         tokens, base, said = INPUT_TYPE_TOKENS[kind], 10000.0, f"input_type = {kind}"
     else:
         tokens, base = config.get("block_size"), config.get("rope_base", config.get("rope_theta"))
         said = f"block_size = {tokens}"
     if tokens is not None and tokens != a.image_tokens:
-        raise UserError(f"--src drafter config.json {said} ({_grid(tokens)} RoPE grid), but --target has "
-                        f"{a.image_tokens} image tokens ({_grid(a.image_tokens)}); use the drafter released for the "
-                        "target's stage (llamagen_drafter: t2i, stage I; llamagen2_drafter: t2i2, stage II)")
+        raise UserError(f"{where} {said} ({_grid(tokens)} RoPE grid), but {target} has {a.image_tokens} image "
+                        f"tokens ({_grid(a.image_tokens)}); use the drafter released for the target's stage "
+                        "(llamagen_drafter: t2i, stage I; llamagen2_drafter: t2i2, stage II)")
     if base is not None and float(base) != a.rope_base:
-        raise UserError(f"--src drafter config.json rope base {float(base):g} differs from the target's "
-                        f"{a.rope_base:g}; the drafter must rotate as its target does")
+        raise UserError(f"{where} rope base {float(base):g} differs from the target's {a.rope_base:g}; the drafter "
+                        "must rotate as its target does")
 
 
 def check_target(sd: dict[str, Tensor], args) -> None:
