@@ -101,3 +101,18 @@ def test_check_config_refuses_a_drafter_of_the_other_stage(world, tmp_path, inpu
                             "32 x 32 RoPE grid), but the target has 256 image tokens (stage I, 16 x 16); use the "
                             "drafter released for the target's stage (llamagen_drafter: t2i, stage I; "
                             "llamagen2_drafter: t2i2, stage II)")
+
+
+def test_t2i_recipe_runs_the_authors_rule_beside_ours():
+    """The paper's points use the authors' residual (named -reference); the bounded residual runs beside them."""
+    from lantern.engine.methods import expand
+
+    methods = yaml.safe_load(T2I_RECIPE.read_text())["sweep"]["methods"]
+    points = expand(methods, 0, 1, {"max_k": 1000})
+    paper = points["lantern-dynamic-d0.2-k1000-reference"]
+    assert paper["residual"] == "reference" and (paper["delta"], paper["k"]) == (0.2, 1000)
+    assert points["lantern-dynamic-d0.2-k1000"]["residual"] == "bounded"
+    relaxed = [p for p in points.values() if p["name"] in ("lantern", "lanternpp")]
+    reference = {(p["name"], p.get("delta"), p.get("lam"), p["k"]) for p in relaxed if p["residual"] == "reference"}
+    bounded = {(p["name"], p.get("delta"), p.get("lam"), p["k"]) for p in relaxed if p["residual"] == "bounded"}
+    assert bounded and bounded <= reference  # every bounded point has its authors' twin
