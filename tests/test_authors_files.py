@@ -116,3 +116,15 @@ def test_t2i_recipe_runs_the_authors_rule_beside_ours():
     reference = {(p["name"], p.get("delta"), p.get("lam"), p["k"]) for p in relaxed if p["residual"] == "reference"}
     bounded = {(p["name"], p.get("delta"), p.get("lam"), p["k"]) for p in relaxed if p["residual"] == "bounded"}
     assert bounded and bounded <= reference  # every bounded point has its authors' twin
+
+
+def test_snakemake_lint_is_clean_in_the_llamagen_world(world, tmp_path):
+    """The llamagen-only rules (train_drafter, convert_target, ...) lint clean too, with the authors' files."""
+    over = overlay(world, "t2i")
+    over["llamagen"]["authors_drafter"] = world["authors_drafter"]
+    log = tmp_path / "lint.log"
+    r = run_logged(snakemake(tmp_path, T2I_RECIPE, over, "--lint"), log)
+    assert r.returncode == 0 and "Lints for" not in log.read_text(), tail(log)
+    over["llamagen"]["authors_drafter"] = ""  # the training branch
+    r = run_logged(snakemake(tmp_path, T2I_RECIPE, over, "--lint"), log)
+    assert r.returncode == 0 and "Lints for" not in log.read_text(), tail(log)
