@@ -128,3 +128,16 @@ def test_snakemake_lint_is_clean_in_the_llamagen_world(world, tmp_path):
     over["llamagen"]["authors_drafter"] = ""  # the training branch
     r = run_logged(snakemake(tmp_path, T2I_RECIPE, over, "--lint"), log)
     assert r.returncode == 0 and "Lints for" not in log.read_text(), tail(log)
+
+
+def test_reference_residual_needs_k_plus_one_neighbours():
+    """The reference residual zeroes the k + 1 nearest codes: check-config asks for that many before any job (the
+    t2i recipe's k = 1000 points need neighbours.max_k 1001)."""
+    point = {"name": "lantern", "drafting": "dynamic", "delta": 0.2, "k": 50, "residual": "reference"}
+    with pytest.raises(UserError) as e:
+        validate_config({"sweep": {"methods": [point]}, "neighbours": {"max_k": 50}})
+    assert str(e.value) == ("config: sweep point lantern-dynamic-d0.2-k50-reference reads the 51 nearest codes (the "
+                            "reference residual zeroes k + 1 = 51), but neighbours.max_k = 50; set neighbours.max_k: 51")
+    validate_config({"sweep": {"methods": [point]}, "neighbours": {"max_k": 51}})
+    validate_config({"sweep": {"methods": [{**point, "residual": "bounded"}]}, "neighbours": {"max_k": 50}})
+    assert yaml.safe_load(T2I_RECIPE.read_text())["neighbours"]["max_k"] == 1001

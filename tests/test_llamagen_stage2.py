@@ -42,6 +42,7 @@ def world(tmp_path_factory):
 def stage2_overlay(world, **llamagen) -> dict:
     over = overlay(world, "t2i")
     over["llamagen"].update(gpt_ckpt=world["t2i2"], authors_drafter=world["authors_drafter2"], **llamagen)
+    over["neighbours"] = {"max_k": 51}  # the reference residual zeroes k + 1 codes
     over["sweep"].update(n_images=2, shards=1, latency_images=0, in_job_vanilla=False,
                          batch_size={"sampling": 2, "greedy": 2}, methods=[
         {"name": "vanilla"},
@@ -73,7 +74,7 @@ def test_stage2_recipe_plans_the_sweep_and_runs_end_to_end(world, tmp_path):
     r = run_logged(snakemake(tmp_path, stage2_overlay(world), "--cores", "2", "results/tables/summary.md"), log)
     assert r.returncode == 0, tail(log)
     out = tmp_path / "results"
-    point = "lantern-dynamic-d0.2-k50-reference-n6-depth2-topk2"
+    point = "lantern-dynamic-n6-depth2-top2-d0.2-k50-reference"
     manifest = json.loads((out / "gen" / "sampling" / point / "shard0" / "manifest.json").read_text())
     assert manifest["pad_semantics"] == "authors" and manifest["target_spec"]["image_tokens"] == 1024
     stats = pd.read_csv(out / "gen" / "sampling" / point / "shard0" / "stats.csv")

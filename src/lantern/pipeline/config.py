@@ -235,6 +235,19 @@ def _check_metric_sizes(cfg: dict) -> None:
                             f"(precision / recall 4): raise {key}")
 
 
+def _check_table_width(cfg: dict, points: dict[str, dict]) -> None:
+    """Every point's rule finds the neighbour columns it reads: the reference residual zeroes the k + 1 nearest
+    codes, one more than k (else generation stops after the neighbours were built)."""
+    from lantern.engine.methods import rule
+
+    max_k = cfg["neighbours"]["max_k"]
+    for name, spec in points.items():
+        width = rule(spec).table_width if spec.get("k") else 0
+        if width > max_k:
+            raise UserError(f"config: sweep point {name} reads the {width} nearest codes (the reference residual "
+                            f"zeroes k + 1 = {width}), but neighbours.max_k = {max_k}; set neighbours.max_k: {width}")
+
+
 def _check_methods(cfg: dict) -> None:
     """Every method entry through the registry (engine/methods.py), which also refuses two entries naming one point."""
     _check_sweep(cfg)
@@ -243,7 +256,7 @@ def _check_methods(cfg: dict) -> None:
         raise UserError(
             f"config: neighbours.max_k = {max_k} exceeds the codebook's {codebook_size(cfg) - 1} other codes; lower it"
         )
-    expand_methods(cfg)
+    _check_table_width(cfg, expand_methods(cfg))
 
 
 def _require_file(key: str, value: str) -> None:
