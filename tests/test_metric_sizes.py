@@ -39,3 +39,20 @@ def test_check_config_refuses_a_point_without_two_images(sweep, message):
     assert str(e.value) == message
     sweep = {**sweep, "n_images": 2} if "mode_images" not in sweep else {**sweep, "mode_images": {"greedy": 2}}
     validate_config({"sweep": sweep})  # two images pass (precision / recall are then skipped by evaluate)
+
+
+def test_tables_take_precision_skipped_at_every_point():
+    """A sweep whose every point skipped precision / recall (a column of None) still gets its z-scores: NaN there,
+    numbers elsewhere (was a TypeError in the tables job)."""
+    import math
+
+    import pandas as pd
+
+    from lantern.pipeline.relative import quality_z
+
+    sweep = pd.DataFrame({"point": ["vanilla", "x", "vanilla", "x"], "mode": ["sampling", "sampling", "greedy", "greedy"],
+                          "precision": [None] * 4, "precision_se": [None] * 4,
+                          "fid": [1.0, 2.0, 3.0, 5.0], "fid_se": [0.5, 0.5, 1.0, 1.0]})
+    assert all(math.isnan(z) for z in quality_z(sweep, "precision", "precision_se"))
+    z = quality_z(sweep, "fid", "fid_se").tolist()
+    assert math.isnan(z[0]) and math.isnan(z[2]) and z[1] == pytest.approx(2 ** 0.5) and z[3] == pytest.approx(2 ** 0.5)
