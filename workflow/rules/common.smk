@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
-                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_spec,
-                                     validate_config)
+                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_source,
+                                     target_spec, validate_config)
 from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
 
@@ -64,7 +64,10 @@ IN_JOB_ARG = (f"--in-job-vanilla --in-job-vanilla-every {config['sweep']['in_job
 
 
 def target_ckpt():
-    return toy_model("default", "target") if TOY else LLAMAGEN["gpt_ckpt"]
+    if TOY:
+        return toy_model("default", "target")
+    # the LANTERN authors' HF-format folder is converted by the convert_target rule
+    return f"{OUT}/llamagen/target/converted.pt" if target_source(config) == "authors" else LLAMAGEN["gpt_ckpt"]
 
 
 def vq_ckpt():
@@ -150,3 +153,72 @@ def figure_outputs():
     if TOY:
         figures.append(f"{OUT}/figures/ambiguity.png")
     return figures
+
+
+# --- the llamagen world (llamagen.smk) ---
+
+DRAFTER = LLAMAGEN["drafter"]
+DRAFTER_SHARDS = range(DRAFTER["shards"])
+CAPTIONED = DRAFTER["layout"] == "captions"
+T5 = LLAMAGEN["t5"]
+T5_SOURCE = f"--t5 {shlex.quote(T5['path'])} --dtype {T5['dtype']}" if T5["path"] else f"--features {shlex.quote(T5['features'])}"
+
+
+def prompt_source():
+    prompts = LLAMAGEN["prompts"]
+    return f"--file {shlex.quote(prompts['file'])}" if prompts["file"] else f"--coco {shlex.quote(prompts['coco_captions'])}"
+
+
+def drafter_shard_range(shard):
+    n, S = DRAFTER["n_images"], DRAFTER["shards"]
+    return int(shard) * n // S, (int(shard) + 1) * n // S
+
+
+def drafter_training_inputs(wildcards):
+    inputs = {"target": target_ckpt(), "tokens": expand(f"{OUT}/llamagen/drafter/data/shard{{j}}.pt", j=DRAFTER_SHARDS)}
+    if T2I:
+        inputs["features"] = expand(f"{OUT}/llamagen/drafter/data/features{{j}}.pt", j=DRAFTER_SHARDS)
+    return inputs
+
+
+# --- the latent-proximity check (proximity.smk) ---
+
+PROXIMITY = config["proximity"]
+PROXIMITY_NAMES = [f"toy-{w}" for w in WORLDS] if TOY else ["llamagen"]
+# the sweep's own table when it holds every rank, else one with enough columns (the same rules build either)
+PROXIMITY_K = max([config["neighbours"]["max_k"]] + [m for m in PROXIMITY["ranks"] if m != "random"])
+PROXIMITY_FIDELITY = evaluate_params(config, clip_ckpt())["fidelity"]
+
+
+def proximity_outputs():
+    if not PROXIMITY["enabled"]:
+        return []
+    return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
+
+
+def proximity_token_shards():
+    """The vanilla point's shards (sampling mode when swept), else the first point's: their stats.csv hold tokens."""
+    point = "vanilla" if "vanilla" in POINTS else next(iter(POINTS))
+    mode = "sampling" if "sampling" in MODES else MODES[0]
+    return expand(f"{OUT}/gen/{mode}/{point}/shard{{j}}", j=SHARDS)
+
+
+def proximity_inputs(wildcards):
+    metric = config["neighbours"]["metric"]
+    if wildcards.name == "llamagen":
+        inputs = {"vq": vq_ckpt(), "neighbours": f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt",
+                  "tokens": proximity_token_shards()}
+    else:
+        world = wildcards.name.removeprefix("toy-")
+        table = (f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt" if world == "default"
+                 else f"{OUT}/toy/{world}/neighbours/{metric}_K{PROXIMITY_K}.pt")
+        inputs = {"vq": toy_model(world, "vq"), "neighbours": table, "tokens": f"{OUT}/toy/{world}/data/val_tokens.pt"}
+    if PROXIMITY_FIDELITY["weights_path"]:
+        inputs["extractor"] = PROXIMITY_FIDELITY["weights_path"]
+    return inputs
+
+
+def proximity_tokens(wildcards, input):
+    if wildcards.name == "llamagen":
+        return " ".join(shlex.quote(f"{shard}/stats.csv") for shard in input.tokens)
+    return shlex.quote(input.tokens)

@@ -28,10 +28,12 @@ rule generate:
         batch=lambda w: config["sweep"]["batch_size"][w.mode],
         compile=str(config["compile"]).lower(),
         latency=config["sweep"]["latency_images"],
+        pad=config["llamagen"]["pad_semantics"],
     conda:
         "../../environment.yml"
     shell:
         "lantern-gpu-run lantern sample --target {input.target:q} --vq {input.vq:q} {params.extra}"
         " --method {params.method} --sampling {params.sampling} --mode {wildcards.mode} --seed {params.seed}"
         " --start {params.start} --end {params.end} --out {output:q} --device {params.device} --dtype {params.dtype}"
-        " --compile {params.compile} --batch-size {params.batch} --latency-images {params.latency} --threads {threads} > {log:q} 2>&1"
+        " --compile {params.compile} --batch-size {params.batch} --latency-images {params.latency}"
+        " --pad-semantics {params.pad} --threads {threads} > {log:q} 2>&1"

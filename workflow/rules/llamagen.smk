@@ -2,21 +2,6 @@
 # drafter of a published target: the authors' release converted, or trained as they did on real images
 # (class folders or captioned images -> centre crop -> VQ codes (+ caption features) -> teacher-forced training).
 # The rules exist in every world (profiles name them); only a llamagen run asks for their outputs.
-DRAFTER = LLAMAGEN["drafter"]
-DRAFTER_SHARDS = range(DRAFTER["shards"])
-CAPTIONED = DRAFTER["layout"] == "captions"
-T5 = LLAMAGEN["t5"]
-T5_SOURCE = f"--t5 {shlex.quote(T5['path'])} --dtype {T5['dtype']}" if T5["path"] else f"--features {shlex.quote(T5['features'])}"
-
-
-def prompt_source():
-    prompts = LLAMAGEN["prompts"]
-    return f"--file {shlex.quote(prompts['file'])}" if prompts["file"] else f"--coco {shlex.quote(prompts['coco_captions'])}"
-
-
-def drafter_shard_range(shard):
-    n, S = DRAFTER["n_images"], DRAFTER["shards"]
-    return int(shard) * n // S, (int(shard) + 1) * n // S
 
 
 rule prompts:
@@ -47,12 +32,13 @@ rule caption_features:
         start=lambda w: shard_range(w.shard)[0],
         end=lambda w: shard_range(w.shard)[1],
         source=T5_SOURCE,
+        max_length=T5["max_length"],
         device=config["device"],
     conda:
         "../../environment.yml"
     shell:
         "lantern-gpu-run lantern encode-captions --prompts {input:q} --start {params.start} --end {params.end}"
-        " {params.source} --max-length {T5[max_length]} --device {params.device} --out {output:q} > {log:q} 2>&1"
+        " {params.source} --max-length {params.max_length} --device {params.device} --out {output:q} > {log:q} 2>&1"
 
 
 rule drafter_images:
@@ -71,12 +57,14 @@ rule drafter_images:
         end=lambda w: drafter_shard_range(w.shard)[1],
         images=shlex.quote(DRAFTER["images"]),
         captions=lambda w, output: f"--captions-out {shlex.quote(output.captions)}" if CAPTIONED else "",
+        layout=DRAFTER["layout"],
+        image_size=LLAMAGEN["image_size"],
         device=config["device"],
     conda:
         "../../environment.yml"
     shell:
-        "lantern-gpu-run lantern encode-images --images {params.images} --layout {DRAFTER[layout]} --vq {input.vq:q}"
-        " --image-size {LLAMAGEN[image_size]} --start {params.start} --end {params.end} --out {output.tokens:q}"
+        "lantern-gpu-run lantern encode-images --images {params.images} --layout {params.layout} --vq {input.vq:q}"
+        " --image-size {params.image_size} --start {params.start} --end {params.end} --out {output.tokens:q}"
         " {params.captions} --device {params.device} > {log:q} 2>&1"
 
 
@@ -89,19 +77,13 @@ rule drafter_caption_features:
         f"{OUT}/logs/llamagen/drafter_captions/shard{{shard}}.log",
     params:
         source=T5_SOURCE,
+        max_length=T5["max_length"],
         device=config["device"],
     conda:
         "../../environment.yml"
     shell:
-        "lantern-gpu-run lantern encode-captions --prompts {input:q} {params.source} --max-length {T5[max_length]}"
+        "lantern-gpu-run lantern encode-captions --prompts {input:q} {params.source} --max-length {params.max_length}"
         " --device {params.device} --out {output:q} > {log:q} 2>&1"
-
-
-def drafter_training_inputs(wildcards):
-    inputs = {"target": target_ckpt(), "tokens": expand(f"{OUT}/llamagen/drafter/data/shard{{j}}.pt", j=DRAFTER_SHARDS)}
-    if T2I:
-        inputs["features"] = expand(f"{OUT}/llamagen/drafter/data/features{{j}}.pt", j=DRAFTER_SHARDS)
-    return inputs
 
 
 if not TOY:  # the toy world trains its drafter in drafter.smk
@@ -120,12 +102,28 @@ if not TOY:  # the toy world trains its drafter in drafter.smk
             p=lambda w, threads: as_arg({**DRAFTER["train"], "threads": threads_arg(threads)}),
             features=lambda w, input: " ".join(["--caption-features", *map(shlex.quote, input.features)]) if T2I else "",
             tokens=lambda w, input: " ".join(map(shlex.quote, input.tokens)),
+            spec=SPEC_ARG,
             device=config["device"],
         conda:
             "../../environment.yml"
         shell:
-            "lantern-gpu-run lantern train-drafter --target {input.target:q} {SPEC_ARG} --tokens {params.tokens}"
+            "lantern-gpu-run lantern train-drafter --target {input.target:q} {params.spec} --tokens {params.tokens}"
             " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
+
+
+rule convert_target:
+    input:
+        src=LLAMAGEN["gpt_ckpt"] if not TOY and target_source(config) == "authors" else "none",
+    output:
+        f"{OUT}/llamagen/target/converted.pt",
+    log:
+        f"{OUT}/logs/llamagen/convert_target.log",
+    params:
+        spec=SPEC_ARG,
+    conda:
+        "../../environment.yml"
+    shell:
+        "lantern convert --kind target --src {input.src:q} {params.spec} --out {output:q} > {log:q} 2>&1"
 
 
 rule convert_drafter:
@@ -136,8 +134,10 @@ rule convert_drafter:
         f"{OUT}/llamagen/drafter/converted.pt",
     log:
         f"{OUT}/logs/llamagen/convert_drafter.log",
+    params:
+        spec=SPEC_ARG,
     conda:
         "../../environment.yml"
     shell:
-        "lantern convert --kind drafter --src {input.src:q} --target {input.target:q} {SPEC_ARG} --out {output:q}"
+        "lantern convert --kind drafter --src {input.src:q} --target {input.target:q} {params.spec} --out {output:q}"
         " > {log:q} 2>&1"

@@ -3,45 +3,6 @@
 # scores the shift with the run's FD extractor. Toy world: every toy world's held-out split (its own VQ and
 # neighbour table); llamagen: the tokens of the vanilla sweep point (real images may be given only as FID
 # statistics, while the vanilla samples exist in every run).
-PROXIMITY = config["proximity"]
-PROXIMITY_NAMES = [f"toy-{w}" for w in WORLDS] if TOY else ["llamagen"]
-# the sweep's own table when it holds every rank, else one with enough columns (the same rules build either)
-PROXIMITY_K = max([config["neighbours"]["max_k"]] + [m for m in PROXIMITY["ranks"] if m != "random"])
-PROXIMITY_FIDELITY = evaluate_params(config, clip_ckpt())["fidelity"]
-
-
-def proximity_outputs():
-    if not PROXIMITY["enabled"]:
-        return []
-    return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
-
-
-def proximity_token_shards():
-    """The vanilla point's shards (sampling mode when swept), else the first point's: their stats.csv hold tokens."""
-    point = "vanilla" if "vanilla" in POINTS else next(iter(POINTS))
-    mode = "sampling" if "sampling" in MODES else MODES[0]
-    return expand(f"{OUT}/gen/{mode}/{point}/shard{{j}}", j=SHARDS)
-
-
-def proximity_inputs(wildcards):
-    metric = config["neighbours"]["metric"]
-    if wildcards.name == "llamagen":
-        inputs = {"vq": vq_ckpt(), "neighbours": f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt",
-                  "tokens": proximity_token_shards()}
-    else:
-        world = wildcards.name.removeprefix("toy-")
-        table = (f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt" if world == "default"
-                 else f"{OUT}/toy/{world}/neighbours/{metric}_K{PROXIMITY_K}.pt")
-        inputs = {"vq": toy_model(world, "vq"), "neighbours": table, "tokens": f"{OUT}/toy/{world}/data/val_tokens.pt"}
-    if PROXIMITY_FIDELITY["weights_path"]:
-        inputs["extractor"] = PROXIMITY_FIDELITY["weights_path"]
-    return inputs
-
-
-def proximity_tokens(wildcards, input):
-    if wildcards.name == "llamagen":
-        return " ".join(shlex.quote(f"{shard}/stats.csv") for shard in input.tokens)
-    return shlex.quote(input.tokens)
 
 
 rule proximity:

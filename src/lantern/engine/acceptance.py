@@ -89,6 +89,11 @@ class AcceptRule:
         return self.delta > 0 if self.kind == "lantern" else self.lam > 1
 
     @property
+    def authors_ties(self) -> bool:
+        """Greedy tree ties broken as the authors' code breaks them (trees.accept_greedy): part of `reference`."""
+        return self.impl is None and self.residual == "reference"
+
+    @property
     def table_width(self) -> int:
         """Neighbour-table columns the rule reads (the reference residual zeroes k + 1 of them)."""
         if self.impl is not None:

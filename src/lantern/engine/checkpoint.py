@@ -228,6 +228,10 @@ def read_shapes(sd: dict[str, torch.Tensor], path) -> Found:
     def shape(key):
         return tuple(sd[key].shape) if key in sd else None
 
+    if shape("tok_embeddings.weight") is None and shape("model.embed_tokens.weight") is not None:
+        raise UserError(f"checkpoint {path} is the LANTERN authors' HF-format LlamaGen (model.embed_tokens.weight), "
+                        "not upstream's; give its folder as llamagen.gpt_ckpt (the convert_target rule converts it) "
+                        "or run `lantern convert --kind target --src <its folder> --out <file.pt>`")
     if shape("tok_embeddings.weight") is None:
         raise UserError(f"checkpoint {path} is not a LlamaGen GPT: it has no tok_embeddings.weight "
                         f"(keys: {short_list(sd)})")

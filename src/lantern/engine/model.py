@@ -263,6 +263,9 @@ class GPT(nn.Module):
         # Not a registered buffer upstream, so it never appears in checkpoints.
         self.rope = precompute_rope_2d(args)
         self.cache_key_valid: Tensor | None = None
+        # What a left-padded caption query sees in the prefill (PAD_SEMANTICS): upstream's own position only, or
+        # the LANTERN authors' HF target's (their drafter was trained on those states); set by the decoders' user.
+        self.pad_semantics = "upstream"
         self.apply(self._init_weights)
 
     @staticmethod
@@ -369,6 +372,17 @@ class GPT(nn.Module):
     def cache_len(self) -> int:
         return self.layers[0].attention.kv_cache.k.shape[2]
 
+    def prefill_cond(self, cond_emb: Tensor, cond_mask: Tensor | None = None):
+        """The condition positions 0 .. T - 1 through the cache (slots 0 .. T - 1); returns (logits, hidden) [R, T].
+        A left-padded query row's state depends on `pad_semantics` (authors_prefill_mask); every other row's, and
+        so every image token, does not: valid queries never see padded keys."""
+        T = cond_emb.shape[1]
+        pos = torch.arange(T, device=cond_emb.device)
+        if self.pad_semantics == "upstream" or cond_mask is None:
+            return self.forward_cached(cond_emb, pos, pos, causal_mask(T, self.cache_len, cond_emb.device))
+        mask = authors_prefill_mask(cond_mask.bool(), self.cache_len, self.output.weight.dtype)
+        return self.run(cond_emb, pos, mask, pos)
+
     def set_cond_mask(self, cond_mask: Tensor) -> None:
         """Hide left-padding caption positions from every query (upstream semantics for t2i)."""
         self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
@@ -406,6 +420,35 @@ def row_mask(visible: Tensor, slots: Tensor, key_valid: Tensor) -> Tensor:
     [b, max_len]), and each query's own slot (slots [b, S]), so fully padded conditions never give NaN."""
     own = torch.zeros_like(visible).scatter_(2, slots[..., None], True)
     return ((visible & key_valid[:, None, :]) | own)[:, None]
+
+
+PAD_SEMANTICS = ("upstream", "authors")
+
+
+def authors_prefill_mask(cond_mask: Tensor, k_len: int, dtype: torch.dtype) -> Tensor:
+    """[R, 1, T, k_len] keys the condition prefill's queries see under the LANTERN authors' HF target.
+
+    Their target adds a causal and a padding float mask, each finfo.min where a key is hidden, the causal one in
+    fp32 and the padding one in the model's dtype. A valid query sees the valid keys up to itself, as upstream. A
+    left-padded query i hides every key, at different levels: past padded keys sit at the padding minimum, later
+    padded keys at -inf, later valid keys at the fp32 minimum. In fp32 both minima are equal, so softmax spreads
+    uniformly over the padded keys up to i and the later valid keys; in bf16 / fp16 the padding minimum is the
+    larger, and the row averages the padded keys up to i. The attention scores there are all zero (condition
+    positions have q = k = 0), so a uniform average is exactly what seeing those keys gives.
+    """
+    R, T = cond_mask.shape
+    device = cond_mask.device
+    causal = causal_mask(T, k_len, device)[None]  # [1, T, k_len]
+    valid = torch.zeros(R, k_len, dtype=torch.bool, device=device)
+    valid[:, :T] = cond_mask
+    mask = causal & valid[:, None, :]  # valid queries: upstream's rule
+    padded_row = ~cond_mask[:, :, None]  # [R, T, 1]
+    padded_key = torch.zeros(R, k_len, dtype=torch.bool, device=device)
+    padded_key[:, :T] = ~cond_mask
+    seen = causal & padded_key[:, None, :]
+    if dtype == torch.float32:
+        seen = seen | valid[:, None, :]
+    return torch.where(padded_row, seen, mask)[:, None]
 
 
 def causal_mask(q_len: int, k_len: int, device, start: int = 0) -> Tensor:

@@ -26,7 +26,7 @@ from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.drafter import Drafter
 from lantern.engine.generate import cfg_rows
-from lantern.engine.model import GPT, causal_mask
+from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick, row_probs
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
 from lantern.errors import UserError
@@ -81,9 +81,7 @@ def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepT
     """The target's cache set up for the CFG rows of `cond` (cfg_rows; `target_extra` spare slots) and the target
     run over the condition positions. Returns (logits, condition embeddings, their hidden states, the rows' mask).
     Shared by the single-image and the batched speculative decoders; static: the cache kept between calls for
-    compiled steps (compiled.setup_static_cache)."""
-    device = target.output.weight.device
-    T = target.args.cls_token_num
+    compiled steps (compiled.setup_static_cache). The padded caption rows' states follow target.pad_semantics."""
     rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
     with timer.section("other"):
         if static:
@@ -93,9 +91,8 @@ def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepT
     with timer.section("verify"):
         if rows_mask is not None:
             target.set_cond_mask(rows_mask)
-        pos = torch.arange(T, device=device)
         cond_emb = target.embed_cond(rows)
-        logits, hidden = target.forward_cached(cond_emb, pos, pos, causal_mask(T, target.cache_len, device))
+        logits, hidden = target.prefill_cond(cond_emb, rows_mask)
     return logits, cond_emb, hidden, rows_mask
 
 

@@ -77,6 +77,10 @@ class Draft:
     q: Tensor | None = None  # [rows, V] drafter distributions children were sampled from; None: deterministic
     q_row: list[int] | None = None  # row of q for [y, nodes]
     drafter_passes: int = 0
+    # The authors' greedy candidates for this tree are its leaves in node order (EAGLE-2's retrieve_indices, which
+    # their greedy path does not re-sort); False where their rows are sorted paths (static trees), whose first
+    # deepest accepted path is already the first deepest node.
+    leaf_order: bool = False
 
     @property
     def max_depth(self) -> int:
@@ -339,7 +343,7 @@ class DynamicTree(TreeRounds):
         for i, p in enumerate(parent.tolist()):
             children[p + 1].append(i)
         return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc),
-                     children=children, drafter_passes=levels - 1)
+                     children=children, drafter_passes=levels - 1, leaf_order=True)
 
 
 def validate_tree_paths(paths) -> list[tuple[int, ...]]:
@@ -416,13 +420,25 @@ def verify_tree(target: GPT, root: int, draft: Draft, Q: int) -> tuple[Tensor, T
 
 
 def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
-    """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes."""
+    """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes.
+
+    Relaxed rules can pass several siblings, so equally deep accepted paths tie. Ours: the first such node in node
+    order (the higher-ranked branch). Under rule.authors_ties on a leaf-ordered (dynamic) tree, the authors': the
+    first leaf, in node order, whose accepted prefix is that deep, cut at that depth (evaluate_posterior's argmax
+    over retrieve rows). The accepted length is the same; the emitted tokens can differ.
+    """
     ok = greedy_accept(P[draft.parent + 1], draft.tokens, table, rule)
     anc = draft.block[1:, 1:]
     reach = torch.where((anc & ~ok).any(1), 0, draft.depth)
     best = int(reach.argmax())  # the first deepest: ties go to the higher-ranked branch
-    if int(reach[best]) == 0:
+    depth = int(reach[best])
+    if depth == 0:
         return [], P[0]
+    if rule.authors_ties and draft.leaf_order:
+        leaf = torch.tensor([not c for c in draft.children[1:]], device=anc.device)
+        row_reach = torch.where(anc, reach[None], 0).amax(1)  # a leaf's row: its deepest accepted ancestor
+        first = int((leaf & (row_reach == depth)).nonzero()[0])
+        best = int((anc[first] & (reach == depth)).nonzero()[0])
     return anc[best].nonzero().flatten().tolist(), P[best + 1]
 
 

@@ -259,15 +259,22 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p
     gen, ref = features(p.extractor, p.weights_path, sha, "fid")
     fid_ref = fid_features_to_statistics(ref)
     out = {"fid": _fid(gen, fid_ref, verbose), **kid_features_to_metric(gen, ref, **common)}
-    if separate_prc or _layer(p.extractor, "prc") != _layer(p.extractor, "fid"):
-        gen_prc, ref_prc = features(prc_extractor, prc_weights, prc_sha, "prc")
+    # precision / recall: each image's radius is the distance to its k-th nearest neighbour in its own set
+    prc_skipped = min(n_gen, n_ref) <= p.prc_neighborhood
+    if prc_skipped:
+        out.update(precision=None, recall=None, f_score=None)
+        spread.update(precision_se=None, recall_se=None)
     else:
-        gen_prc, ref_prc = gen, ref
-    out.update(prc_features_to_metric(gen_prc, ref_prc, **common))
+        if separate_prc or _layer(p.extractor, "prc") != _layer(p.extractor, "fid"):
+            gen_prc, ref_prc = features(prc_extractor, prc_weights, prc_sha, "prc")
+        else:
+            gen_prc, ref_prc = gen, ref
+        out.update(prc_features_to_metric(gen_prc, ref_prc, **common))
+        if p.bootstrap:
+            spread.update(zip(("precision_se", "recall_se"),
+                              prc_se(gen_prc, ref_prc, p.prc_neighborhood, draws, p.bootstrap_chunk)))
     if p.bootstrap:
-        precision_se, recall_se = prc_se(gen_prc, ref_prc, p.prc_neighborhood, draws, p.bootstrap_chunk)
-        spread.update(fid_se=fid_se(gen, fid_ref["mu"], fid_ref["sigma"], draws), precision_se=precision_se,
-                      recall_se=recall_se)
+        spread.update(fid_se=fid_se(gen, fid_ref["mu"], fid_ref["sigma"], draws))
     else:
         spread.update(fid_se=None, precision_se=None, recall_se=None)
     return {
@@ -280,7 +287,9 @@ def fidelity_metrics(generated: ImageSet, reference: ImageSet | FidStatistics, p
         **spread,
         **row,
         "fid_reference_features": f"{p.extractor} on the reference images",
-        "fidelity_skipped": "none",
+        "fidelity_skipped": (f"precision, recall: k = {p.prc_neighborhood} nearest neighbours need at least "
+                             f"{p.prc_neighborhood + 1} images per set, got {n_gen} generated and {n_ref} reference"
+                             if prc_skipped else "none"),
         "prc_extractor": prc_extractor,
         "prc_feature_layer": _layer(prc_extractor, "prc"),
         "prc_weights_sha256": prc_sha,

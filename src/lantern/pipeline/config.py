@@ -6,6 +6,7 @@ Every failure is one UserError line naming the key and the fix, raised before an
 from __future__ import annotations
 
 import copy
+import json
 import math
 import sys
 from pathlib import Path
@@ -112,6 +113,82 @@ def drafter_source(cfg: dict) -> str:
     return "file" if lg["drafter_ckpt"] else "authors" if lg["authors_drafter"] else "train"
 
 
+def target_source(cfg: dict) -> str:
+    """Where the llamagen target comes from: an upstream-layout file, or the LANTERN authors' HF-format target (its
+    folder with config.json and weights, or its model.safetensors / pytorch_model.bin beside that config.json),
+    which the convert_target rule converts."""
+    from lantern.worlds.llamagen.convert import INDEX_FILES, WEIGHT_FILES
+
+    path = Path(cfg["llamagen"]["gpt_ckpt"]) if cfg["llamagen"]["gpt_ckpt"] else None
+    if path is not None and (path.is_dir() or (path.name in WEIGHT_FILES + INDEX_FILES and
+                                               (path.parent / "config.json").is_file())):
+        return "authors"
+    return "file"
+
+
+def _read_json(path: Path, key: str) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"config: {key}: {path} is not readable JSON ({type(e).__name__}); download it again") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"config: {key}: {path} holds no JSON object; download it again")
+    return obj
+
+
+def _require_target(cfg: dict) -> None:
+    """llamagen.gpt_ckpt: an upstream file, or the authors' HF target with its config.json and weights."""
+    from lantern.worlds.llamagen.convert import INDEX_FILES, WEIGHT_FILES
+
+    path = cfg["llamagen"]["gpt_ckpt"]
+    if target_source(cfg) == "file":
+        _require_file("llamagen.gpt_ckpt", path)
+        return
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    if not (folder / "config.json").is_file() or not any((folder / n).is_file() for n in WEIGHT_FILES + INDEX_FILES):
+        raise UserError(f"config: llamagen.gpt_ckpt = {path} is a folder without config.json and "
+                        f"{' / '.join(WEIGHT_FILES)}; give the authors' HF target folder or an upstream .pt file")
+
+
+def _authors_config(path: str, key: str) -> dict:
+    """config.json of one of the authors' HF folders (or beside one of their weight files)."""
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    return _read_json(folder / "config.json", key) if (folder / "config.json").is_file() else {}
+
+
+def _check_authors_files(cfg: dict) -> None:
+    """What the authors' config.json files state, against the recipe, before any job: the HF target's kind,
+    vocabulary and token grid (a stage-II target run as stage I decodes 256 tokens on a 16 x 16 grid), and the
+    drafter's stage (input_type t2i: stage I, t2i2: stage II)."""
+    from types import SimpleNamespace
+
+    from lantern.worlds.llamagen.convert import check_drafter_config
+
+    lg = cfg["llamagen"]
+    want = SimpleNamespace(model_type=lg["model_type"], image_tokens=image_tokens(cfg), rope_base=10000.0)
+    if target_source(cfg) == "authors":
+        hf = _authors_config(lg["gpt_ckpt"], "llamagen.gpt_ckpt")
+        kind = {"t2i2": "t2i"}.get(hf.get("input_type"), hf.get("input_type"))
+        if kind not in (None, want.model_type):
+            raise UserError(f"config: llamagen.gpt_ckpt {lg['gpt_ckpt']} is a {kind} target (config.json input_type), "
+                            f"but llamagen.model_type = {want.model_type}; set llamagen.model_type: {kind}")
+        tokens = hf.get("block_size")
+        if tokens is not None and tokens != want.image_tokens:
+            raise UserError(f"config: llamagen.gpt_ckpt {lg['gpt_ckpt']} was trained for {tokens} image tokens "
+                            f"(config.json block_size), but llamagen.image_size / downsample give {want.image_tokens}; "
+                            "set the image size it was trained for (stage I: 256, stage II: 512)")
+        codes = codebook_size(cfg)
+        if hf.get("vocab_size") not in (None, codes):
+            raise UserError(f"config: llamagen.gpt_ckpt {lg['gpt_ckpt']} predicts {hf['vocab_size']} codes, but "
+                            f"llamagen.vq_ckpt {lg['vq_ckpt']} has a codebook of {codes}; give the VQ the GPT was "
+                            "trained with")
+        base = hf.get("rope_base", hf.get("rope_theta"))
+        want.rope_base = float(base) if base is not None else want.rope_base
+    if drafter_source(cfg) == "authors" and any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
+        check_drafter_config(_authors_config(lg["authors_drafter"], "llamagen.authors_drafter"), want,
+                             f"config: llamagen.authors_drafter {lg['authors_drafter']}: its config.json", "the target")
+
+
 def _check_sweep(cfg: dict) -> None:
     sweep = cfg["sweep"]
     if not sweep["methods"]:
@@ -145,6 +222,32 @@ def _check_sweep(cfg: dict) -> None:
                             f"{size} of the sweep's n_images; lower mode_images.{mode} or raise n_images")
 
 
+def _check_metric_sizes(cfg: dict) -> None:
+    """Every point of every mode gets the 2 images FID and KID need (else `lantern evaluate` fails after the whole
+    sweep was drawn). Precision / recall (k = 3 nearest neighbours in each set) need 4; `lantern evaluate` marks
+    them skipped, with the reason, below that."""
+    sweep = cfg["sweep"]
+    for mode in sweep["modes"]:
+        m = sweep.get("mode_images", {}).get(mode)
+        key, n = (f"sweep.mode_images.{mode}", m) if m is not None else ("sweep.n_images", sweep["n_images"])
+        if n < 2:
+            raise UserError(f"config: {key} = {n} gives each {mode} point {n} image; FID and KID need at least 2 "
+                            f"(precision / recall 4): raise {key}")
+
+
+def _check_table_width(cfg: dict, points: dict[str, dict]) -> None:
+    """Every point's rule finds the neighbour columns it reads: the reference residual zeroes the k + 1 nearest
+    codes, one more than k (else generation stops after the neighbours were built)."""
+    from lantern.engine.methods import rule
+
+    max_k = cfg["neighbours"]["max_k"]
+    for name, spec in points.items():
+        width = rule(spec).table_width if spec.get("k") else 0
+        if width > max_k:
+            raise UserError(f"config: sweep point {name} reads the {width} nearest codes (the reference residual "
+                            f"zeroes k + 1 = {width}), but neighbours.max_k = {max_k}; set neighbours.max_k: {width}")
+
+
 def _check_methods(cfg: dict) -> None:
     """Every method entry through the registry (engine/methods.py), which also refuses two entries naming one point."""
     _check_sweep(cfg)
@@ -153,7 +256,7 @@ def _check_methods(cfg: dict) -> None:
         raise UserError(
             f"config: neighbours.max_k = {max_k} exceeds the codebook's {codebook_size(cfg) - 1} other codes; lower it"
         )
-    expand_methods(cfg)
+    _check_table_width(cfg, expand_methods(cfg))
 
 
 def _require_file(key: str, value: str) -> None:
@@ -177,7 +280,7 @@ def _check_llamagen(cfg: dict) -> None:
     if not t2i and lg["cls_token_num"] != 1:
         raise UserError(f"config: llamagen.cls_token_num = {lg['cls_token_num']}, but a c2i model has one condition "
                         "token; remove the key or set it to 1")
-    _require_file("llamagen.gpt_ckpt", lg["gpt_ckpt"])
+    _require_target(cfg)
     _require_file("llamagen.vq_ckpt", lg["vq_ckpt"])
     if t2i:
         if lg["t5"]["max_length"] != lg["cls_token_num"]:
@@ -231,6 +334,9 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     from lantern.io import load_torch
 
     lg = cfg["llamagen"]
+    _check_authors_files(cfg)
+    if target_source(cfg) == "authors":
+        return  # the convert_target rule checks its tensors (config.json's kind, grid and vocabulary were checked)
     path = lg["gpt_ckpt"]
     try:
         obj = load_torch(path, "checkpoint", mmap=True)
@@ -294,6 +400,7 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     _fill_llamagen(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
+    _check_metric_sizes(cfg)
     if cfg["world"] == "llamagen":
         _check_llamagen_checkpoints(cfg)
     return cfg

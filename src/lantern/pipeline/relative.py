@@ -60,8 +60,10 @@ def quality_z(sweep: pd.DataFrame, metric: str, se: str) -> pd.Series:
     """(value - vanilla) / sqrt(se^2 + se_vanilla^2) per row; NaN where a standard error is missing."""
     if metric not in sweep or se not in sweep:
         return pd.Series(math.nan, index=sweep.index)
-    base = sweep[sweep["point"] == "vanilla"].set_index("mode")
-    v, v_se = sweep["mode"].map(base[metric]), sweep["mode"].map(base[se])
+    # numeric: a metric skipped at every point (precision / recall below 4 images) is a column of None
     value, own = pd.to_numeric(sweep[metric], errors="coerce"), pd.to_numeric(sweep[se], errors="coerce")
+    vanilla = sweep["point"] == "vanilla"
+    v = sweep["mode"].map(value[vanilla].set_axis(sweep.loc[vanilla, "mode"]))
+    v_se = sweep["mode"].map(own[vanilla].set_axis(sweep.loc[vanilla, "mode"]))
     z = (value - v) / np.sqrt(own**2 + v_se**2)
     return z.where(sweep["point"] != "vanilla")

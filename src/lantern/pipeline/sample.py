@@ -32,6 +32,7 @@ from lantern.engine.checkpoint import load_gpt, parse_device
 from lantern.engine.compiled import resolve
 from lantern.pipeline.determinism import configure as configure_determinism
 from lantern.engine.methods import build_decoder, normalize, speculative
+from lantern.engine.model import PAD_SEMANTICS
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
@@ -69,6 +70,19 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def resolve_pad_semantics(choice: str, drafter_path: str | None) -> str:
+    """What a left-padded caption position's target state is (model.authors_prefill_mask): `auto` gives the LANTERN
+    authors' semantics when the drafter is theirs (converted by `lantern convert`: trained on their target's
+    states), upstream's otherwise (plain AR, where those states feed nothing, and self-trained drafters)."""
+    if choice != "auto":
+        return choice
+    if not drafter_path:
+        return "upstream"
+    from lantern.engine.drafter import read_drafter
+
+    return "authors" if read_drafter(drafter_path, mmap=True).get("converted_from") else "upstream"
+
+
 class Decoder:
     """Loads the models a method needs once and turns a batch (cond, generators, cond_mask) into image tokens
     [B, N] plus one ImageStats per image; cond is class ids [B], or caption features [B, T, C] with their mask
@@ -76,11 +90,13 @@ class Decoder:
 
     def __init__(self, method: dict, params: SamplingParams, target_path: str, device: torch.device, dtype: str,
                  drafter_path: str | None = None, neighbours_path: str | None = None, vq_path: str | None = None,
-                 spec: dict | None = None, compile: str = "auto"):
+                 spec: dict | None = None, compile: str = "auto", pad_semantics: str = "auto"):
         self.method, self.params, self.device = method, params, device
         self.compile = resolve({"true": True, "false": False}.get(compile, compile), device)
         # spec only when given: upstream files need one, ours carry their args
         self.target = load_gpt(target_path, dtype=dtype, device=str(device), **({"spec": spec} if spec else {}))
+        self.pad_semantics = resolve_pad_semantics(pad_semantics, drafter_path if speculative(method) else None)
+        self.target.pad_semantics = self.pad_semantics
         self.reference = self._vanilla
         if speculative(method):
             self.run = build_decoder(method, params, self.target, drafter_path, neighbours_path, vq_path, device,
@@ -152,7 +168,7 @@ def job_identity(a) -> dict:
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
             "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla,
             "in_job_vanilla_every": a.in_job_vanilla_every, "batch_size": a.batch_size,
-            "latency_images": a.latency_images, "compile": a.compile}
+            "latency_images": a.latency_images, "compile": a.compile, "pad_semantics": a.pad_semantics}
 
 
 def resume_or_restart(partial: Path, identity: dict) -> None:
@@ -263,6 +279,10 @@ def parse_args(argv):
     ap.add_argument("--in-job-vanilla", action="store_true",
                     help="also decode every image with plain AR in this job and record its latency "
                          "(vanilla_time_total_s): a speed-up reference from the same machine at the same moment")
+    ap.add_argument("--pad-semantics", choices=("auto",) + PAD_SEMANTICS, default="auto",
+                    help="t2i: the target state at a left-padded caption position, which the drafter reads: upstream "
+                         "(the position sees itself) or authors (the LANTERN authors' HF target's mask rule); auto: "
+                         "authors with a drafter converted from theirs, else upstream")
     ap.add_argument("--in-job-vanilla-every", type=int, default=1, metavar="N",
                     help="with --in-job-vanilla: time plain AR on one batch in each block of N consecutive batches "
                          "(global batch index = first image // --batch-size; the offset in a block is drawn from the "
@@ -293,7 +313,8 @@ def main(argv: list[str]) -> None:
 
     from lantern.engine.vq import load_vq
 
-    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile)
+    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile,
+                      a.pad_semantics)
     condition = Conditions(a, decoder.target)
     vq = load_vq(a.vq, device=str(device))
     if decoder.target.args.vocab_size > vq.args.codebook_size:
@@ -339,7 +360,7 @@ def main(argv: list[str]) -> None:
     write_json(partial / "manifest.json", {
         "method": method, "sampling": dataclasses.asdict(params),
         "mode": a.mode, "seed": a.seed, "start": a.start, "end": a.end, "batch_size": a.batch_size,
-        "compile": decoder.compile,
+        "compile": decoder.compile, "pad_semantics": decoder.pad_semantics,
         "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,

@@ -2,10 +2,13 @@
 
 --kind target   their HF-converted LlamaGen (LlamaForCausalLM-style keys; a folder with config.json and
                 model.safetensors / pytorch_model.bin, maybe sharded behind an *.index.json, or one weights file)
-                -> the upstream LlamaGen container {"model": state_dict} that `load_gpt` reads with a target spec.
+                -> the upstream LlamaGen container {"model": state_dict} that `load_gpt` reads with a target spec
+                (plus its ModelArgs when config.json's rms_norm_eps or RoPE base are not upstream's 1e-5 / 10000).
 --kind drafter  their one-layer EAGLE drafter for LlamaGen -> a drafter checkpoint for --target, with the drafter's
                 own token embedding and the options (`DrafterOptions`) under which our forward computes theirs.
-Every key is mapped by name; an unmapped, missing or wrongly shaped key is refused, naming it.
+Every key is mapped by name; an unmapped, missing or wrongly shaped key is refused, naming it. config.json's
+input_type / block_size (the token grid), rms_norm_eps and RoPE base are read, and a drafter whose grid or RoPE base
+differs from its target's is refused.
 """
 
 from __future__ import annotations
@@ -118,17 +121,87 @@ def target_state_dict(hf: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+# Their input_type fixes the image token grid (cnets_llamagen.Model sets block_size from it, and rope_base 10000):
+# t2i = stage I (16 x 16), t2i2 = stage II (32 x 32), c2i = 24 x 24.
+INPUT_TYPE_TOKENS = {"c2i": 576, "t2i": 256, "t2i2": 1024}
+STAGES = {256: "stage I, 16 x 16", 1024: "stage II, 32 x 32"}
+
+
+def _grid(tokens: int) -> str:
+    return STAGES.get(tokens, f"{tokens} tokens")
+
+
+def _input_type(config: dict, what: str) -> str | None:
+    kind = config.get("input_type")
+    if kind is not None and kind not in INPUT_TYPE_TOKENS:
+        raise UserError(f"--src {what} config.json input_type = {kind!r} is none of {', '.join(INPUT_TYPE_TOKENS)}; "
+                        "is it the authors' LlamaGen file?")
+    return kind
+
+
 def config_spec(config: dict, sd: dict[str, Tensor]) -> dict:
-    """The target spec config.json states (heads, image tokens, condition tokens, classes); the weights say the rest."""
-    spec = {"model_type": config.get("input_type"), "image_tokens": config.get("block_size"),
+    """The target spec config.json states (heads, image tokens, condition tokens, classes); the weights say the rest.
+    Their target reads its grid from block_size and its kind from input_type (c2i, t2i); t2i2, the drafters' tag
+    for stage II, means a t2i target of 1024 tokens and must agree with block_size."""
+    kind = _input_type(config, "target")
+    tokens = config.get("block_size")
+    if kind == "t2i2" and tokens is not None and tokens != INPUT_TYPE_TOKENS[kind]:
+        raise UserError(f"--src target config.json says input_type {kind} ({_grid(INPUT_TYPE_TOKENS[kind])}) but "
+                        f"block_size {tokens}; fix config.json to the stage the weights were trained for")
+    if kind == "t2i2" and tokens is None:
+        tokens = INPUT_TYPE_TOKENS[kind]
+    spec = {"model_type": {"t2i2": "t2i"}.get(kind, kind), "image_tokens": tokens,
             "cls_token_num": config.get("cls_token_num"), "num_classes": config.get("num_classes")}
     if "num_attention_heads" in config and "tok_embeddings.weight" in sd:
         layers = {int(k.split(".")[1]) for k in sd if k.startswith("layers.")}
         spec["gpt_size"] = {"dim": sd["tok_embeddings.weight"].shape[1], "n_layer": max(layers, default=-1) + 1,
                             "n_head": config["num_attention_heads"]}
-    if spec["model_type"] not in ("c2i", "t2i"):
-        spec["model_type"] = None  # their t2i2 / unknown tags: the weights tell c2i from t2i
     return {k: v for k, v in spec.items() if v is not None}
+
+
+def config_numerics(config: dict) -> dict:
+    """ModelArgs overrides for what config.json states about the arithmetic: rms_norm_eps, and the RoPE base (their
+    target reads rope_base; HF configs name it rope_theta)."""
+    out = {}
+    if config.get("rms_norm_eps") is not None:
+        out["norm_eps"] = float(config["rms_norm_eps"])
+    base = config.get("rope_base", config.get("rope_theta"))
+    if base is not None:
+        out["rope_base"] = float(base)
+    return out
+
+
+def check_stated_tokens(stated: dict, user: dict) -> None:
+    """A --target-spec that contradicts config.json's token grid is refused: a stage-II target run as stage I
+    decodes 256 tokens on a 16 x 16 grid (the authors' issue #5)."""
+    said, wanted = stated.get("image_tokens"), user.get("image_tokens")
+    if said is not None and wanted is not None and said != wanted:
+        raise UserError(f"--src target config.json states {said} image tokens ({_grid(said)}) but --target-spec "
+                        f"image_tokens = {wanted} ({_grid(wanted)}); set the image size the target was trained for")
+
+
+def check_drafter_config(config: dict, a, where: str = "--src drafter config.json", target: str = "--target") -> None:
+    """The authors' drafter config.json against the target it will serve (ModelArgs a): input_type (their RoPE grid
+    and condition kind), block_size and the RoPE base where input_type does not fix them."""
+    kind = config.get("input_type")
+    if kind is not None and kind not in INPUT_TYPE_TOKENS:
+        raise UserError(f"{where} input_type = {kind!r} is none of {', '.join(INPUT_TYPE_TOKENS)}; is it the "
+                        "authors' LlamaGen drafter?")
+    if kind is not None:
+        if ("c2i" if kind == "c2i" else "t2i") != a.model_type:
+            raise UserError(f"{where} input_type = {kind}, but {target} is a {a.model_type} model; use the drafter "
+                            "released for this target")
+        tokens, base, said = INPUT_TYPE_TOKENS[kind], 10000.0, f"input_type = {kind}"
+    else:
+        tokens, base = config.get("block_size"), config.get("rope_base", config.get("rope_theta"))
+        said = f"block_size = {tokens}"
+    if tokens is not None and tokens != a.image_tokens:
+        raise UserError(f"{where} {said} ({_grid(tokens)} RoPE grid), but {target} has {a.image_tokens} image "
+                        f"tokens ({_grid(a.image_tokens)}); use the drafter released for the target's stage "
+                        "(llamagen_drafter: t2i, stage I; llamagen2_drafter: t2i2, stage II)")
+    if base is not None and float(base) != a.rope_base:
+        raise UserError(f"{where} rope base {float(base):g} differs from the target's {a.rope_base:g}; the drafter "
+                        "must rotate as its target does")
 
 
 def check_target(sd: dict[str, Tensor], args) -> None:
@@ -186,6 +259,7 @@ def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
     if heads != a.n_head or layers != 1:
         raise UserError(f"--src drafter config has {layers} layers and {heads} heads; a LlamaGen drafter for this target "
                         f"has 1 layer and the target's {a.n_head} heads")
+    check_drafter_config(config, a)
     options = replace(AUTHORS_LLAMAGEN, norm_eps=float(config.get("rms_norm_eps", AUTHORS_LLAMAGEN.norm_eps)))
     drafter = Drafter(a, options)
     expected = set(DRAFTER_KEYS) | set(DRAFTER_QKV)
@@ -227,13 +301,24 @@ def main(argv: list[str]) -> None:
     if a.kind == "target":
         from lantern.engine.checkpoint import parse_spec, target_args
 
+        from dataclasses import replace
+
         sd = target_state_dict(hf)
-        stated = {**config_spec(config, sd), **read_structured(a.target_spec, "--target-spec")}  # the user's spec has the last word
-        args = target_args({}, sd, parse_spec(stated), a.src)
+        user = read_structured(a.target_spec, "--target-spec")
+        stated = config_spec(config, sd)
+        check_stated_tokens(stated, user)
+        args = target_args({}, sd, parse_spec({**stated, **user}), a.src)  # the user's spec has the last word
         check_target(sd, args)
-        save_torch({"model": sd}, a.out)
+        numerics = config_numerics(config)
+        upstream = {k: getattr(args, k) for k in numerics}
+        args = replace(args, **numerics)
+        # Upstream LlamaGen computes with eps 1e-5 and RoPE base 10000; other values stated in config.json travel
+        # inside the converted file (as our checkpoints carry their args), never silently replaced.
+        differs = {k: v for k, v in numerics.items() if v != upstream[k]}
+        save_torch({"model": sd, "args": args.to_dict()} if differs else {"model": sd}, a.out)
         spec = json.dumps(printable_spec(args))
-        print(f"target {a.src} -> {a.out} ({len(sd)} tensors); load it with --target-spec '{spec}'")
+        note = f"; carries {', '.join(f'{k} {v:g}' for k, v in differs.items())} from config.json" if differs else ""
+        print(f"target {a.src} -> {a.out} ({len(sd)} tensors{note}); load it with --target-spec '{spec}'")
         return
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import save_drafter
