@@ -86,11 +86,23 @@ def link_problems(text: str, where: Path) -> list[str]:
     return problems
 
 
+def wrapped_spans(text: str, where: Path) -> list[str]:
+    """Lines outside code blocks with an odd number of backticks: an inline span wrapped over two lines, which this
+    check would not see whole."""
+    fenced, problems = False, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and line.count("`") % 2:
+            problems.append(f"{where.name}:{number}: an inline code span is wrapped over two lines; keep it on one")
+    return problems
+
+
 def doc_problems(text: str, where: Path, commands=COMMANDS, targets=None) -> list[str]:
     targets = make_targets() if targets is None else targets
     problems = [f"{where.name}:{number}: {problem}" for number, code in code_snippets(text)
                 if (problem := command_problem(code, commands, targets))]
-    return problems + link_problems(text, where)
+    return problems + wrapped_spans(text, where) + link_problems(text, where)
 
 
 def test_the_docs_exist():
@@ -111,6 +123,15 @@ def test_readme_shows_the_two_commands():
     assert len(text.splitlines()) <= 130
 
 
+def test_readme_tables_list_every_registered_method():
+    from lantern.engine import methods
+
+    rows = {line.split("|")[1].strip() for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `")}
+    for name in [*methods.FAMILIES, *methods.DRAFTINGS]:
+        assert any(row.startswith(f"`{name}`") for row in rows), f"README's method tables miss `{name}`"
+
+
 def test_makefile_targets_are_parsed():
     targets = make_targets()
     assert {"run", "test", "smoke", "readme-figures", "ship-toy"} <= targets
@@ -123,6 +144,8 @@ def test_a_misspelt_subcommand_is_reported():
     assert len(problems) == 1 and "`.venv/bin/lantern methds`" in problems[0] and "README.md:4" in problems[0]
     inline = doc_problems("see `lantern chek-config config/config.yaml` and `lantern.engine.model`", ROOT / "x.md")
     assert len(inline) == 1 and "chek-config" in inline[0]
+    wrapped = doc_problems("see `lantern\nchek-config`\n", ROOT / "x.md")
+    assert len(wrapped) == 2 and all("wrapped" in p for p in wrapped), wrapped
 
 
 def test_a_misspelt_make_target_and_a_broken_link_are_reported():
