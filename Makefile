@@ -9,7 +9,7 @@ CONFIG ?= config/config.yaml
 # The Snakefile already loads config/config.yaml; naming it again would only make Snakemake merge it twice.
 CONFIG_ARG := $(if $(filter config/config.yaml,$(CONFIG)),,--configfile $(CONFIG))
 
-.PHONY: setup run test smoke lint dag ship-toy
+.PHONY: setup run test smoke lint dag ship-toy readme-figures
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,3 +39,7 @@ dag: setup
 ship-toy: setup
 	$(BIN)/snakemake --cores $(CORES) --config toy='{"checkpoints": "train"}' outdir=results/train --until train_drafter train_clip ambiguity
 	$(BIN)/python workflow/scripts/ship_toy.py results/train models/toy
+
+# Copy the default run's trade-off figure and sample grid, shrunk, into docs/img/ for the README (after `make run`).
+readme-figures: setup
+	$(BIN)/python workflow/scripts/readme_figures.py results docs/img
