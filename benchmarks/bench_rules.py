@@ -25,7 +25,7 @@ from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import load_drafter
 from lantern.engine.neighbours import load_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import speculative_decode
+from lantern.engine.speculative import decode
 
 DELTAS = (0.1, 0.2, 0.4)
 COOL = ({"scale": 2.0, "nu": 0.0, "mu": 0.0}, {"scale": 4.0, "nu": 0.5, "mu": 0.0})
@@ -84,8 +84,8 @@ def main():
         steps, tokens, forwards, t0 = [], 0, 0, time.perf_counter()
         for i in range(a.images):
             g = image_generator(a.seed, i)
-            _, st = speculative_decode(target, drafter, torch.tensor([i % classes]), params, rule, drafting, g,
-                                       table if rule.relaxed else None)
+            _, (st,) = decode(target, drafter, torch.tensor([i % classes]), params, rule, drafting, [g],
+                              table if rule.relaxed else None)
             steps += st.accepted_per_step
             tokens, forwards = tokens + st.n_tokens, forwards + st.target_forwards
         chain_module.accept_probability = record

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.chain import Chain
 from lantern.engine.checkpoint import load_gpt
@@ -26,6 +25,7 @@ from lantern.engine.jacobi import Jacobi
 from lantern.engine.model import GPT, ModelArgs
 from lantern.engine.neighbours import nearest_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.speculative import decode
 from lantern.engine.trees import DynamicTree, static_tree
 from lantern.syncs import SyncCounter
 
@@ -44,14 +44,6 @@ def models(k: int):
     target = GPT(TOY_ARGS).eval()
     table = nearest_neighbours(torch.randn(TOY_ARGS.vocab_size, 8), k).long()
     return target, Drafter.from_target(target).eval(), table, "RANDOM weights of the toy shape"
-
-
-def decoder(kind: str):
-    """The registry's batched decoder for a drafting kind (the one `lantern sample` runs)."""
-    import importlib
-
-    module, name = methods.DRAFTINGS[kind].batched.split(":")
-    return getattr(importlib.import_module(f"lantern.engine.{module}"), name)
 
 
 def count(run, rounds_of) -> tuple[SyncCounter, int]:
@@ -83,9 +75,8 @@ def main():
             if kind == "ar":
                 rows = [("-", lambda: generate(target, cond, params, gens()), lambda out: N)]
             else:
-                decode, drafting = decoder(kind), KINDS[kind]()
-                models_ = (target,) if kind == "jacobi" else (target, drafter)
-                rows = [(name, lambda r=r: decode(*models_, cond, params, r, drafting, gens(), table),
+                drafting, d = KINDS[kind](), None if kind == "jacobi" else drafter
+                rows = [(name, lambda r=r: decode(target, d, cond, params, r, drafting, gens(), table),
                          lambda out: max(len(s.accepted_per_step) for s in out[1])) for name, r in rules.items()]
             for name, run, rounds_of in rows:
                 c, rounds = count(run, rounds_of)

@@ -1,5 +1,5 @@
-"""Batched draft-tree speculative decoding (static trees, EAGLE-2 dynamic trees): batched.py's ragged loop with the
-rounds of trees.py, so that every image decodes exactly as speculative_decode decodes it alone.
+"""The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: batched.py's ragged
+rows with the shapes of trees.py.
 
 Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
 drafter passes it needs, trees.TreePass, and draws from the image's generator: a static tree's Gumbel keys, cut to
@@ -11,7 +11,7 @@ is batched are the forwards, over the images still decoding:
    tree mask over the slots from Q_b on, padded to the widest;
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
-3. accept and commit per image as speculative_decode does; the accepted paths' target cache entries move into
+3. accept and commit per image (the shape's `accept`); the accepted paths' target cache entries move into
    consecutive slots in one per-row move (GPT.keep_rows), and the true hidden states of y and the accepted nodes
    become the image's next catch-up inputs.
 Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
@@ -23,14 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import Image, batch_probs, cache_rows, catch_up, finish, pack, prefill, target_forward
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, pick
-from lantern.engine.speculative import check_one_image
-from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
-from lantern.engine.trees import Draft, TreePass, TreeRounds, _visible
+from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward
+from lantern.engine.sampling import pick
+from lantern.engine.trees import Draft, TreePass, _visible
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -44,134 +39,95 @@ def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: in
     return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
 
 
-def tree_passes(drafter: Drafter, images: list[Image], asks: list[TreePass], params: SamplingParams,
-                B: int) -> list[tuple[Tensor, Tensor]]:
-    """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden [R, S_i, d],
-    distributions [S_i, V]), as trees.run_growth answers it alone."""
-    device = drafter.fc.weight.device
-    n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
-    sizes = [len(a.tokens) for a in asks]
-    S = max(sizes)
-    emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
-    emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
-    pos, slots, visible = per_row([torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
-                                  [im.Q + a.slots for im, a in zip(images, asks)],
-                                  [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
-    out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible,
-                               cache_rows(images, B, R, device))
-    index = torch.tensor([[len(im.tokens) + a.pos + 1] for im, a in zip(images, asks)], device=device).expand(-1, S)
-    q = batch_probs(drafter.head(out), params, index)
-    return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
+class TreeRounds(DrafterRounds):
+    """Rounds of a static or dynamic draft tree (trees.TreeShape) for a batch."""
 
+    def tree_passes(self, images: list[Image], asks: list[TreePass]) -> list[tuple[Tensor, Tensor]]:
+        """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden
+        [R, S_i, d], distributions [S_i, V])."""
+        drafter, device = self.drafter, self.device
+        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        sizes = [len(a.tokens) for a in asks]
+        S = max(sizes)
+        emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
+        emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
+        pos, slots, visible = per_row(
+            [torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
+            [im.Q + a.slots for im, a in zip(images, asks)],
+            [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
+        out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible,
+                                   cache_rows(images, self.B, R, device))
+        index = torch.tensor([[len(im.tokens) + a.pos + 1] for im, a in zip(images, asks)], device=device)
+        q = batch_probs(drafter.head(out), self.params, index.expand(-1, S))
+        return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
 
-def draft(drafter: Drafter, images: list[Image], tree: TreeRounds, params: SamplingParams, B: int, N: int) -> None:
-    """TreeRounds.draft for every active image, the drafter forwards batched. Sets each image's `draft`."""
-    device = drafter.fc.weight.device
-    preds = catch_up(drafter, images, B)
-    index = torch.tensor([[len(im.tokens)] for im in images], device=device)
-    q_root = batch_probs(drafter.head(pack(preds, 1)), params, index)[:, 0]
-    growing, asks = {}, {}
+    def draft(self, images: list[Image]) -> None:
+        """Every active image's tree grown in its `growth`, the drafter forwards batched. Sets each image's
+        `draft`."""
+        preds = self.catch_up(images)
+        index = torch.tensor([[len(im.tokens)] for im in images], device=self.device)
+        q_root = batch_probs(self.drafter.head(pack(preds, 1)), self.params, index)[:, 0]
+        growing, asks = {}, {}
 
-    def advance(i: int, answer) -> None:
-        try:
-            asks[i] = growing[i].send(answer)
-        except StopIteration as done:
-            images[i].draft = done.value
-            images[i].stats.drafter_forwards += 1 + done.value.drafter_passes
-            del growing[i], asks[i]
+        def advance(i: int, answer) -> None:
+            try:
+                asks[i] = growing[i].send(answer)
+            except StopIteration as done:
+                images[i].draft = done.value
+                images[i].stats.drafter_forwards += done.value.drafter_passes
+                del growing[i], asks[i]
 
-    for i, im in enumerate(images):
-        growing[i] = tree.growth(preds[i], q_root[i], params, N - len(im.tokens), im.generator)
-        asks[i] = None
-        advance(i, None)
-    while asks:
-        order = list(asks)
-        answers = tree_passes(drafter, [images[i] for i in order], [asks[i] for i in order], params, B)
-        for i, answer in zip(order, answers):
-            advance(i, answer)
+        for i, im in enumerate(images):
+            growing[i] = self.drafting.growth(preds[i], q_root[i], self.params, self.N - len(im.tokens), im.generator)
+            asks[i] = None
+            advance(i, None)
+        while asks:
+            order = list(asks)
+            answers = self.tree_passes([images[i] for i in order], [asks[i] for i in order])
+            for i, answer in zip(order, answers):
+                advance(i, answer)
 
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One target forward over every image's [y, nodes] (RoPE positions Q + depth, slots Q, Q + 1, .., the tree
+        mask): (logits, hidden) [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions."""
+        target, device = self.target, self.device
+        R, L = images[0].pend_emb.shape[0], target.cache_len
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        drafts: list[Draft] = [im.draft for im in images]
+        seqs = [torch.cat([torch.tensor([im.tokens[-1]], device=device), d.tokens]) for im, d in zip(images, drafts)]
+        S = max(len(s) for s in seqs)
+        tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
+        pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
+                                      [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
+                                      [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)],
+                                      R, L)
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(target, images, self.B, tokens, pos, slots, visible, width)
 
-def verify(target: GPT, images: list[Image], B: int, width: int | None = None) -> tuple[Tensor, Tensor]:
-    """TreeRounds.verify (trees.verify_tree) for every active image in one forward: (logits, hidden)
-    [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions (width: batched.target_forward's
-    static shape)."""
-    device = target.output.weight.device
-    R, L = images[0].pend_emb.shape[0], target.cache_len
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    drafts: list[Draft] = [im.draft for im in images]
-    seqs = [torch.cat([torch.tensor([im.tokens[-1]], device=device), d.tokens]) for im, d in zip(images, drafts)]
-    S = max(len(s) for s in seqs)
-    tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
-    pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
-                                  [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
-                                  [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)], R, L)
-    for im in images:
-        im.stats.target_forwards += 1
-    return target_forward(target, images, B, tokens, pos, slots, visible, width)
-
-
-def commit(target: GPT, drafter: Drafter, images: list[Image], tree: TreeRounds, logits: Tensor, hidden: Tensor,
-           params: SamplingParams, table: Tensor | None, rule: AcceptRule, B: int, N: int) -> None:
-    """speculative_decode's accept and commit for every active image; the cache moves of all of them at once."""
-    device = target.output.weight.device
-    n, R = len(images), images[0].pend_emb.shape[0]
-    rows, src, dst = [], [], []
-    for i, im in enumerate(images):
-        d, mine = im.draft, slice(i, None, n)
-        path, p = tree.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), table, rule, im.generator)
-        a = len(path)
-        moved = [(s, j) for j, s in enumerate(path) if s != j]
-        for r in range(R):
-            rows += [im.index + r * B] * len(moved)
-            src += [im.Q + 1 + s for s, _ in moved]
-            dst += [im.Q + 1 + j for _, j in moved]
-        im.tokens += d.tokens_at(path)
-        im.stats.accepted_per_step.append(a)
-        im.stats.tree_depth.append(d.max_depth)
-        if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-            continue
-        im.tokens.append(pick(p, params, im.generator))
-        im.pend_emb = drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
-        im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
-        im.start, im.Q = im.Q, im.Q + a + 1
-    if rows:
-        target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
-
-
-@torch.no_grad()
-def batched_tree_generate(
-    target: GPT,
-    drafter: Drafter,
-    cond: Tensor,
-    params: SamplingParams,
-    rule: AcceptRule,
-    tree: TreeRounds,
-    generators: list[torch.Generator],
-    table: Tensor | None = None,
-    cond_mask: Tensor | None = None,
-    compile: bool = False,
-) -> tuple[Tensor, list[ImageStats]]:
-    """Draft-tree speculative decoding of a batch, all images at once; same contract (and tokens) as
-    speculative.generate with a StaticTree or DynamicTree. compile: the verify forward through torch.compile at the
-    static width nodes + 1 (batched.py)."""
-    B, N = cond.shape[0], target.args.image_tokens
-    if len(generators) != B:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
-    check_one_image(cond[:1], rule, table)
-    tree.check(target)
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    with timer.section("other"):
-        tree = tree.to(device)
-    images = prefill(target, drafter, cond, params, generators, timer, cond_mask, tree.target_extra,
-                     tree.drafter_extra, static=compile)
-    width = tree.nodes + 1 if compile else None
-    while active := [im for im in images if len(im.tokens) < N]:
-        with timer.section("draft"):
-            draft(drafter, active, tree, params, B, N)
-        with timer.section("verify"):
-            logits, hidden = verify(target, active, B, width)
-        with timer.section("other"):
-            commit(target, drafter, active, tree, logits, hidden, params, table, rule, B, N)
-    return finish(target, drafter, images, timer)
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """The tree's accept and the commit for every active image; the cache moves of all of them at once."""
+        device, params, B, N = self.device, self.params, self.B, self.N
+        n, R = len(images), images[0].pend_emb.shape[0]
+        rows, src, dst = [], [], []
+        for i, im in enumerate(images):
+            d, mine = im.draft, slice(i, None, n)
+            path, p = self.drafting.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), self.table,
+                                           self.rule, im.generator)
+            a = len(path)
+            moved = [(s, j) for j, s in enumerate(path) if s != j]
+            for r in range(R):
+                rows += [im.index + r * B] * len(moved)
+                src += [im.Q + 1 + s for s, _ in moved]
+                dst += [im.Q + 1 + j for _, j in moved]
+            im.tokens += d.tokens_at(path)
+            im.stats.accepted_per_step.append(a)
+            im.stats.tree_depth.append(d.max_depth)
+            if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
+                continue
+            im.tokens.append(pick(p, params, im.generator))
+            im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
+            im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
+            im.start, im.Q = im.Q, im.Q + a + 1
+        if rows:
+            self.target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))

@@ -1,4 +1,5 @@
-"""Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward.
+"""Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward; the rounds
+themselves are batched.ChainRounds.
 
 draft: gamma drafter forwards, the first from the catch-up's predicted hidden state, each later one feeding the
 drafter its own predicted hidden state; every x_i is drawn from the drafter's CFG-mixed, temperature/top-k/top-p
@@ -16,9 +17,8 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, pick, row_probs
+from lantern.engine.model import GPT
+from lantern.engine.sampling import SamplingParams
 from lantern.errors import UserError
 
 
@@ -26,18 +26,10 @@ from lantern.errors import UserError
 class ChainDraft:
     tokens: list[int]
     q: list[Tensor]  # the distributions the drafts were drawn from
-    rows: int
-
-    @property
-    def drafter_passes(self) -> int:  # beyond the catch-up forward, which predicts x_1
-        return len(self.tokens) - 1
 
     @property
     def max_depth(self) -> int:
         return len(self.tokens)
-
-    def tokens_at(self, path: list[int]) -> list[int]:
-        return [self.tokens[i] for i in path]
 
 
 @dataclass(frozen=True)
@@ -59,39 +51,6 @@ class Chain:
 
     def check(self, target: GPT) -> None:
         pass
-
-    def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
-              generator: torch.Generator) -> ChainDraft:
-        R, device = pred.shape[0], pred.device
-        g = min(self.gamma, left)
-        tokens, qs = [], []
-        for i in range(g):
-            q = row_probs(drafter.head(pred[:, -1]), params, n_done + i)
-            tokens.append(pick(q, params, generator))
-            qs.append(q)
-            if i < g - 1:
-                x = drafter.embed_tokens(torch.tensor([tokens[-1]] * R, device=device))[:, None]
-                pred = drafter.step(x, pred, Q + i)
-        return ChainDraft(tokens, qs, R)
-
-    def verify(self, target: GPT, y: int, draft: ChainDraft, Q: int) -> tuple[Tensor, Tensor]:
-        device = target.output.weight.device
-        g = len(draft.tokens)
-        seq = torch.tensor([y] + draft.tokens, device=device)
-        pos = torch.arange(Q, Q + g + 1, device=device)
-        emb = target.embed_tokens(seq.expand(draft.rows, -1))
-        return target.forward_cached(emb, pos, pos, causal_mask(g + 1, target.cache_len, device, start=Q))
-
-    def accept(self, logits: Tensor, draft: ChainDraft, params: SamplingParams, n_done: int, table: Tensor | None,
-               rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        a, p = verify_chain(chain_probs(logits, params, n_done), draft.q, draft.tokens, params, table, rule, generator)
-        return list(range(a)), p
-
-
-def chain_probs(logits: Tensor, params: SamplingParams, n_done: int) -> Tensor:
-    """[g + 1, V]: the target's processed distribution at each verified position (logits [R, g + 1, V], rows
-    CFG-mixed), the first being that of image token n_done."""
-    return torch.stack([row_probs(logits[:, j], params, n_done + j) for j in range(logits.shape[1])])
 
 
 def verify_chain(P: Tensor, q: list[Tensor], tokens: list[int], params: SamplingParams, table: Tensor | None,

@@ -16,13 +16,12 @@ Exactness: every draft was drawn from a distribution fixed before its verificati
 speculative sampling, and under `exact` each image's tokens are distributed as plain AR's (tests/test_jacobi.py
 checks it by chi-square; greedy Jacobi decoding reproduces greedy AR). Fresh tokens are uniform draws, our reading
 of the paper's random initialisation (the authors' code was not available to confirm it); any fixed q keeps exactness. The cache, sampling path (sampling.row_probs / pick), timing sections and stats are those of the
-drafter-based decoders (speculative.py); entries past the accepted prefix are overwritten by the next forward.
+drafter-based decoders (speculative.decode); entries past the accepted prefix are overwritten by the next forward.
 Stats: drafter_forwards = 0, accepted_per_step = window tokens accepted per iteration (the correction or bonus token
 not counted), tree_depth = the window verified.
-Batches (`batched_jacobi_generate`): the images still decoding advance together, one target forward per iteration
-over all their windows (ragged, the layout of batched.py: per-row positions, cache rows and a scratch slot for the
-padding), each image refilling, accepting and refining with its own generator exactly as `jacobi_decode` does
-(the same `Image` methods), so its tokens and stats never depend on the batch.
+Batches (`JacobiRounds`, run by speculative.decode): the images still decoding advance together, one target forward
+per iteration over all their windows (ragged, the layout of batched.py), each image refilling, accepting and
+refining with its own generator, so its tokens and stats never depend on the batch.
 """
 
 from __future__ import annotations
@@ -33,12 +32,11 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import SCRATCH, batch_probs, pack, ragged, target_forward
-from lantern.engine.chain import chain_probs, verify_chain
-from lantern.engine.model import GPT, causal_mask
+from lantern.engine.batched import batch_probs, finish, pack, prefill_rows, ragged, target_forward
+from lantern.engine.chain import verify_chain
+from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick
-from lantern.engine.speculative import check_one_image, prefill_rows, target_prefill
-from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
+from lantern.engine.stats import ImageStats, StepTimer
 from lantern.errors import UserError
 
 
@@ -57,7 +55,7 @@ class Jacobi:
 
 @dataclass
 class Image:
-    """One image's Jacobi state, and its steps of one iteration (shared by the single-image and batched loops)."""
+    """One image's Jacobi state, and its steps of one iteration."""
 
     index: int  # b: its cache rows are b (and b + B under CFG) in a batch (batched.cache_rows)
     generator: torch.Generator
@@ -66,6 +64,7 @@ class Image:
     stats: ImageStats
     window: list[int] = field(default_factory=list)  # x_1..x_L
     qs: list[Tensor] = field(default_factory=list)  # the distributions they were drawn from
+    refine_from: tuple[Tensor, int] | None = None  # (P, a) of the last iteration, for step 4
 
     def refill(self, jacobi: Jacobi, N: int, uniform: Tensor) -> None:
         """Step 1: the window topped up to L (fewer near the image's end) with uniform draws."""
@@ -98,93 +97,50 @@ class Image:
         self.qs = [P[j] for j in later]
 
 
-@torch.no_grad()
-def jacobi_decode(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,
-                  generator: torch.Generator, table: Tensor | None = None,
-                  cond_mask: Tensor | None = None) -> tuple[Tensor, ImageStats]:
-    """Decode one image (cond [1] or [1, T, C]) by speculative Jacobi decoding; returns its tokens [N] and stats."""
-    check_one_image(cond, rule, table)
-    N, T, V = target.args.image_tokens, target.args.cls_token_num, target.args.vocab_size
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    first, cond_emb, _, _ = target_prefill(target, cond, params, generator, timer, cond_mask)
-    R = cond_emb.shape[0]
-    uniform = torch.full((V,), 1.0 / V, device=device)
-    im = Image(0, generator, [first], T, ImageStats(n_tokens=N, target_forwards=1))
+class JacobiRounds:
+    """Jacobi iterations for a batch in speculative.decode's loop: one target forward per iteration over every
+    active image's [y, x_1..x_L] (ragged, the layout of batched.py), each image refilling, accepting and refining
+    with its own generator (the `Image` steps). Refinement (step 4) runs at the start of the next iteration's
+    draft section, from the distributions the image kept."""
 
-    while len(im.tokens) < N:
-        with timer.section("draft"):
-            im.refill(jacobi, N, uniform)
-        with timer.section("verify"):
-            L, Q = len(im.window), im.Q
-            seq = torch.tensor([im.tokens[-1]] + im.window, device=device)
-            pos = torch.arange(Q, Q + L + 1, device=device)
-            logits, _ = target.forward_cached(target.embed_tokens(seq.expand(R, -1)), pos, pos,
-                                              causal_mask(L + 1, target.cache_len, device, start=Q))
+    def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
+                 B: int):
+        self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
+        self.N, self.device = target.args.image_tokens, target.output.weight.device
+        self.uniform = torch.full((target.args.vocab_size,), 1.0 / target.args.vocab_size, device=self.device)
+
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list[Image]:
+        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static)
+        self.R, T = cond_emb.shape[0] // self.B, self.target.args.cls_token_num
+        with timer.section("other"):
+            return [Image(b, g, [pick(p0[b], self.params, g)], T, ImageStats(n_tokens=self.N, target_forwards=1))
+                    for b, g in enumerate(generators)]
+
+    def draft(self, images: list[Image]) -> None:
+        for im in images:
+            if im.refine_from is not None:
+                im.refine(*im.refine_from, self.params, self.N)
+            im.refill(self.jacobi, self.N, self.uniform)
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One forward over every active image's [y, x_1..x_L], padded to the longest."""
+        device, R = self.device, self.R
+        seqs = [[im.tokens[-1]] + im.window for im in images]
+        lengths = [len(s) for s in seqs]
+        x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
+        pos, slots, visible = ragged([im.Q for im in images], lengths, R, self.target.cache_len, device)
+        for im in images:
             im.stats.target_forwards += 1
-        with timer.section("other"):
-            P = chain_probs(logits, params, len(im.tokens))
-            a = im.accept(P, params, table, rule, N)
-        if a is None:
-            break
-        with timer.section("draft"):
-            im.refine(P, a, params, N)
+        return target_forward(self.target, images, self.B, x, pos, slots, visible, width)
 
-    target.clear_cache()
-    return torch.tensor(im.tokens, device=device), im.stats.finish(timer)
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        index = torch.tensor([len(im.tokens) for im in images], device=self.device)[:, None] + torch.arange(
+            logits.shape[1], device=self.device)
+        P = batch_probs(logits, self.params, index)
+        for i, im in enumerate(images):
+            a = im.accept(P[i], self.params, self.table, self.rule, self.N)
+            im.refine_from = None if a is None else (P[i], a)
 
-
-@torch.no_grad()
-def batched_jacobi_generate(target: GPT, cond: Tensor, params: SamplingParams, rule: AcceptRule, jacobi: Jacobi,
-                            generators: list[torch.Generator], table: Tensor | None = None,
-                            cond_mask: Tensor | None = None, compile: bool = False) -> tuple[Tensor, list[ImageStats]]:
-    """Speculative Jacobi decoding of a batch, all images at once; same contract (and tokens, and stats but the
-    times, which are the batch's wall time per section / B) as `jacobi_decode` image by image. compile: the verify
-    forward through torch.compile at the static width window + 1 (batched.py)."""
-    B, N, T, V = cond.shape[0], target.args.image_tokens, target.args.cls_token_num, target.args.vocab_size
-    if len(generators) != B:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
-    check_one_image(cond[:1], rule, table)  # the rule's neighbour-table check (batches are ours to take)
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    logits, cond_emb, _, _ = prefill_rows(target, cond, params, timer, cond_mask, SCRATCH, static=compile)
-    width = jacobi.nodes + 1 if compile else None
-    R = cond_emb.shape[0] // B
-    with timer.section("other"):
-        p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))
-        images = [Image(b, g, [pick(p0[b, 0], params, g)], T, ImageStats(n_tokens=N, target_forwards=1))
-                  for b, g in enumerate(generators)]
-    uniform = torch.full((V,), 1.0 / V, device=device)
-
-    while active := [im for im in images if len(im.tokens) < N]:
-        with timer.section("draft"):
-            for im in active:
-                im.refill(jacobi, N, uniform)
-        with timer.section("verify"):  # one forward over every active image's [y, x_1..x_L], padded to the longest
-            seqs = [[im.tokens[-1]] + im.window for im in active]
-            lengths = [len(s) for s in seqs]
-            x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
-            pos, slots, visible = ragged([im.Q for im in active], lengths, R, target.cache_len, device)
-            logits, _ = target_forward(target, active, B, x, pos, slots, visible, width)
-            for im in active:
-                im.stats.target_forwards += 1
-        with timer.section("other"):
-            index = torch.tensor([len(im.tokens) for im in active], device=device)[:, None] + torch.arange(
-                logits.shape[1], device=device)
-            P = batch_probs(logits, params, index)
-            accepted = [im.accept(P[i], params, table, rule, N) for i, im in enumerate(active)]
-        with timer.section("draft"):
-            for i, (im, a) in enumerate(zip(active, accepted)):
-                if a is not None:
-                    im.refine(P[i], a, params, N)
-
-    target.clear_cache()
-    stats = []
-    for im in images:
-        s = im.stats.finish(timer)
-        s.time_draft_s, s.time_verify_s, s.time_other_s = s.time_draft_s / B, s.time_verify_s / B, s.time_other_s / B
-        s.batch_size = B
-        stats.append(s)
-    return torch.tensor([im.tokens for im in images], device=device), stats
+    def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+        return finish(self.target, images, timer)

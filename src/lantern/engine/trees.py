@@ -1,6 +1,7 @@
 """Draft trees: static shapes (EAGLE-1, LANTERN++) and dynamic trees (EAGLE-2), verified in one target forward.
 
-One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py:
+One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py (the
+batched rounds: batched_trees.py):
 1. draft: the drafter catches up over the last accepted path with the target's true hidden states (one forward),
    then grows the tree a level at a time: one drafter forward over the nodes of a depth that get children, each
    node reading its parent's predicted hidden state at drafter position Q + depth - 1 and seeing its ancestors;
@@ -10,7 +11,7 @@ One round, with y the newest token at target position Q (not yet fed to the targ
    path; sampling walks down from y, trying each node's children in order with multi-candidate verification
    (acceptance.verify_candidates), and ends on a correction drawn from the residual or a bonus token below an
    accepted leaf; greedy emits the target's argmax after the path;
-4. commit (the shared loop): the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep); the next catch-up
+4. commit: the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep_rows); the next catch-up
    rewrites the drafter's.
 
 Children of a node: under greedy, and on every dynamic tree, the parent's top-ranked drafter tokens, verified as
@@ -39,7 +40,6 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
-from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, row_probs
 from lantern.errors import UserError
@@ -92,8 +92,7 @@ class TreePass:
     position Q + pos, written to drafter cache slots Q + slots [S], each seeing the committed prefix and the tree
     slots anc [S, m] from Q on, and reading its parent's predicted hidden state hidden [R, S, d]. Its answer: the
     predicted hidden states [R, S, d] and their distributions [S, V] (row_probs at image-token index
-    n_done + pos + 1). One image's growth runs its passes alone (run_growth); batched decoding runs those of many
-    images in one drafter forward (batched_trees.py)."""
+    n_done + pos + 1). batched_trees.TreeRounds runs the passes of every growing image in one drafter forward."""
 
     tokens: Tensor
     hidden: Tensor
@@ -102,43 +101,16 @@ class TreePass:
     anc: Tensor
 
 
-def run_growth(growth, drafter: Drafter, params: SamplingParams, Q: int, n_done: int) -> "Draft":
-    """Drive a tree's `growth` (a generator of TreePass requests returning the Draft) for one image."""
-    answer = None
-    while True:
-        try:
-            ask = growth.send(answer)
-        except StopIteration as done:
-            return done.value
-        R = ask.hidden.shape[0]
-        emb = drafter.embed_tokens(ask.tokens)[None].expand(R, -1, -1)
-        pos = torch.full((len(ask.tokens),), Q + ask.pos, device=ask.tokens.device)
-        hidden = drafter_tree_pass(drafter, emb, ask.hidden, pos, Q + ask.slots, ask.anc, Q)
-        answer = hidden, row_probs(drafter.head(hidden), params, n_done + ask.pos + 1)
-
-
-class TreeRounds:
-    """The round of speculative.speculative_decode for draft trees: `growth` is the shape's own drafting, a
-    generator of the drafter passes it needs (TreePass) that returns the Draft. A shape names its reserved cache
-    slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes write)."""
+class TreeShape:
+    """A draft tree's shape: `growth` is its own drafting, a generator of the drafter passes it needs (TreePass)
+    that returns the Draft, and `accept` verifies a round (batched_trees.TreeRounds runs both for a batch). A shape
+    names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
+    write)."""
 
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
                             f"{target.args.vocab_size}")
-
-    def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
-              generator: torch.Generator) -> "Draft":
-        q_root = row_probs(drafter.head(pred), params, n_done)[0]
-        return self.grow(drafter, pred, q_root, params, Q, n_done, left, generator)
-
-    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-             max_depth: int, generator: torch.Generator) -> "Draft":
-        """Grow the tree (at most max_depth deep) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
-        return run_growth(self.growth(pred, q_root, params, max_depth, generator), drafter, params, Q, n_done)
-
-    def verify(self, target: GPT, y: int, draft: "Draft", Q: int) -> tuple[Tensor, Tensor]:
-        return verify_tree(target, y, draft, Q)
 
     def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
                rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
@@ -163,7 +135,7 @@ class _Level:
     runner_anc: Tensor  # [runners, n] their ancestors and themselves
 
 
-class StaticTree(TreeRounds):
+class StaticTree(TreeShape):
     """A static draft shape from rank paths; masks, levels and gather indices are computed once, on `device`."""
 
     def __init__(self, paths, name: str = "custom", device="cpu"):
@@ -231,7 +203,7 @@ class StaticTree(TreeRounds):
 
     def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
                generator: torch.Generator):
-        """The shape cut at max_depth, a level at a time (TreeRounds.growth)."""
+        """The shape cut at max_depth, a level at a time (TreeShape.growth)."""
         shape = self.upto(max_depth)
         device = pred.device
         sampled = not params.greedy
@@ -260,7 +232,7 @@ class StaticTree(TreeRounds):
 
 
 @dataclass(frozen=True)
-class DynamicTree(TreeRounds):
+class DynamicTree(TreeShape):
     """EAGLE-2 dynamic tree (the LANTERN code's defaults)."""
 
     total_tokens: int = 59  # y plus the kept nodes
@@ -297,7 +269,7 @@ class DynamicTree(TreeRounds):
 
     def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
                generator: torch.Generator):
-        """EAGLE-2's expansions, one drafter pass each (TreeRounds.growth); draws nothing from `generator`."""
+        """EAGLE-2's expansions, one drafter pass each (TreeShape.growth); draws nothing from `generator`."""
         device = pred.device
         k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
@@ -395,24 +367,6 @@ def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     visible[:, :Q] = True
     visible[:, Q : Q + block.shape[1]] = block
     return visible
-
-
-def drafter_tree_pass(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, anc: Tensor,
-                      Q: int) -> Tensor:
-    """Drafter over tree nodes at positions `pos`, cache slots `slots`; anc [S, m] = the tree slots (from Q on)
-    each node sees. Returns the predicted hidden states [R, S, d]."""
-    return drafter.forward_cached(emb, hidden, pos, _visible(len(slots), drafter.cache_len, Q, anc), slots)
-
-
-def verify_tree(target: GPT, root: int, draft: Draft, Q: int) -> tuple[Tensor, Tensor]:
-    """One target forward over [y, nodes]: (logits, hidden) [R, n + 1, ...]; writes cache slots Q .. Q + n."""
-    R = target.cache_key_valid.shape[0]
-    device = draft.tokens.device
-    seq = torch.cat([torch.tensor([root], device=device), draft.tokens])
-    pos = Q + torch.cat([torch.zeros(1, dtype=torch.long, device=device), draft.depth])
-    slots = Q + torch.arange(len(seq), device=device)
-    visible = _visible(len(seq), target.cache_len, Q, draft.block)
-    return target.forward_cached(target.embed_tokens(seq)[None].expand(R, -1, -1), pos, slots, visible)
 
 
 def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
