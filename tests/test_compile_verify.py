@@ -69,11 +69,10 @@ def test_static_width_t2i_ragged_caption_masks(static_eager):
 def test_width_beyond_budget_is_refused(f64):
     target, drafter = f64
     target.setup_cache(2, extra=1)
-    im = batched.Image(0, None, [0], 1, 0, None, None, None)
     x = torch.zeros(2, 4, dtype=torch.long)
-    pos, slots, visible = batched.ragged([1], [4], 2, target.cache_len, "cpu")
+    pos, slots, visible = batched.ragged(torch.tensor([1]), torch.tensor([4]), 4, 2, target.cache_len)
     with pytest.raises(ValueError, match="exceeds the static width 3"):
-        batched.target_forward(target, [im], 1, x, pos, slots, visible, width=3)
+        batched.target_forward(target, None, x, pos, slots, visible, width=3)
     target.clear_cache()
 
 

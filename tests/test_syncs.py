@@ -32,19 +32,18 @@ def test_counts_host_data_sent_to_the_device():
         x[torch.tensor([0, 1])]  # 1: so is a host index tensor
         x[torch.tensor([0, 1], device=x.device)]  # 1 (the tensor(list, device)), the indexing itself none
         x[1:3]
-    assert c.by_kind() == {"tensor(host data)": 2, "host->device": 1, "index by host data": 2}
+        moved = torch.tensor([0, 1]).to(x.device)  # 1, and from then on a device tensor
+        x[moved.split([1, 1])[0]]
+        g = torch.Generator().manual_seed(0)
+        torch.rand(2, generator=g, device=x.device).tolist()  # a CPU generator's draw is a host tensor
+    assert c.by_kind() == {"tensor(host data)": 2, "host->device": 2, "index by host data": 2}
 
 
-def test_counts_the_step_timer_synchronisations_and_restores_it():
+def test_a_timed_section_costs_no_sync():
     from lantern.engine.stats import StepTimer
 
     timer = StepTimer("cpu")
     with SyncCounter() as c:
         with timer.section("other"):
             pass
-    with timer.section("other"):  # outside the counter: not counted
-        pass
-    if hasattr(StepTimer, "_sync"):
-        assert c.total == 2
-    else:
-        assert c.total == 0
+    assert c.total == 0 and timer.seconds["other"] >= 0

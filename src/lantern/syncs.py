@@ -65,7 +65,6 @@ class SyncCounter(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.sites: Counter = Counter()
-        self._timer_patch = None
 
     @property
     def total(self) -> int:
@@ -98,7 +97,9 @@ class SyncCounter(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         ins = list(_tensors(args)) + list(_tensors(kwargs))
         host_in = bool(ins) and all(is_host(t) for t in ins)
-        on_device = "device" in kwargs and kwargs["device"] is not None
+        gen = kwargs.get("generator")
+        # a draw from a CPU generator is a host tensor, whatever `device=` says on a CPU run
+        on_device = kwargs.get("device") is not None and not (gen is not None and gen.device.type == "cpu")
         if name in READS and ins and not is_host(ins[0]):
             self.count(name.strip("_"))
         elif name in SHAPES and not host_in:
@@ -114,6 +115,8 @@ class SyncCounter(TorchFunctionMode):
         elif name in ("__getitem__", "__setitem__") and ins and not is_host(ins[0]) and _has_list(args[1]):
             self.count("index by host data")
         out = func(*args, **kwargs)
+        if name in ("to", "cuda") and ins and out is ins[0] and is_host(out):  # a no-op move on a CPU: a fresh alias
+            out = out.view_as(out)                                              # stands for the device copy
         if name in CREATE and not on_device and not (args and isinstance(args[0], torch.Tensor)):
             _mark(out)
         elif host_in and not on_device and not (name in ("to", "cuda") and (name == "cuda" or _moves(args, kwargs))):
@@ -121,28 +124,6 @@ class SyncCounter(TorchFunctionMode):
         elif name == "cpu":
             _mark(out)
         return out
-
-    def __enter__(self):
-        from lantern.engine import stats
-
-        timer = getattr(stats.StepTimer, "_sync", None)
-        if timer is not None:
-            counter = self
-
-            def counted(timer_self):
-                counter.sites[("stats.py: StepTimer._sync", "timer sync")] += 1
-                return timer(timer_self)
-
-            self._timer_patch = (stats.StepTimer, timer)
-            stats.StepTimer._sync = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        if self._timer_patch is not None:
-            cls, fn = self._timer_patch
-            cls._sync = fn
-            self._timer_patch = None
-        return super().__exit__(*exc)
 
 
 def _moves(args, kwargs) -> bool:

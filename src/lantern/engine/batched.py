@@ -35,11 +35,11 @@ from torch import Tensor
 
 from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import ChainDraft, verify_chain
+from lantern.engine.chain import accept_chains
 from lantern.engine.drafter import Drafter
 from lantern.engine.generate import cfg_rows
 from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, pick, row_probs
+from lantern.engine.sampling import SamplingParams, Uniforms, next_tokens, row_probs
 from lantern.engine.stats import ImageStats, StepTimer
 from lantern.engine.trees import Draft
 
@@ -52,22 +52,21 @@ class Image:
 
     index: int  # b: its cache rows are b (and b + B under CFG)
     generator: torch.Generator
-    tokens: list[int]
+    tokens: list[int] | None  # its tokens so far (chains keep them on the device: ChainRounds.buf)
     Q: int  # target position of the newest token y
     start: int  # drafter position of the first pending catch-up input
     pend_emb: Tensor  # [R, S, d] drafter inputs at positions start.. start + S - 1
     pend_h: Tensor  # [R, S, d] the target's hidden states there
     stats: ImageStats
-    draft: ChainDraft | Draft | None = None  # this round's drafts (a chain's, or a tree's: batched_trees.py)
+    draft: Draft | None = None  # this round's tree (batched_trees.py)
+    n: int = 1  # tokens decoded so far
 
 
-def cache_rows(images: list[Image], B: int, R: int, device) -> Tensor | None:
-    """The cache rows of `images` in forward layout [cond rows; uncond rows]; None when that is every row in order
-    (every image still active), which spares the models a copy of the cache rows."""
+def cache_rows(images: list, B: int, R: int, device) -> Tensor | None:
+    """forward_rows_of for a list of images."""
     if len(images) == B:
         return None
-    idx = torch.tensor([im.index for im in images], device=device)
-    return torch.cat([idx + r * B for r in range(R)])
+    return forward_rows_of(torch.tensor([im.index for im in images], device=device), B, R)
 
 
 def pack(parts: list[Tensor], S: int) -> Tensor:
@@ -76,17 +75,29 @@ def pack(parts: list[Tensor], S: int) -> Tensor:
     return torch.stack(padded, 1).flatten(0, 1)
 
 
-def ragged(starts: list[int], lengths: list[int], R: int, cache_len: int, device) -> tuple[Tensor, Tensor, Tensor]:
-    """(pos, slots, visible) [R * n, S, ...] for n causal runs of `lengths` positions from `starts`, padded to the
-    longest: real queries write their position's slot and see the slots up to it; padding writes the scratch slot."""
-    S = max(lengths)
-    j = torch.arange(S, device=device)
-    real = j < torch.tensor(lengths, device=device)[:, None]
-    at = torch.tensor(starts, device=device)[:, None] + j
+def ragged(starts: Tensor, lengths: Tensor, S: int, R: int, cache_len: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(pos, slots, visible) [R * n, S, ...] for n causal runs of `lengths` [n] positions from `starts` [n] (device
+    tensors), padded to S >= the longest: real queries write their position's slot and see the slots up to it;
+    padding writes the scratch slot."""
+    j = torch.arange(S, device=starts.device)
+    real = j < lengths[:, None]
+    at = starts[:, None] + j
     pos = torch.where(real, at, 0)
     slots = torch.where(real, at, cache_len - 1)
-    visible = (torch.arange(cache_len, device=device) <= at[..., None]) & real[..., None]
+    visible = (torch.arange(cache_len, device=starts.device) <= at[..., None]) & real[..., None]
     return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
+
+
+def to_device(device, *columns: list[int]) -> list[Tensor]:
+    """Host integer lists as device tensors, in one copy (a round's host-side plan)."""
+    flat = torch.tensor([v for c in columns for v in c], dtype=torch.long).to(device)
+    return list(flat.split([len(c) for c in columns]))
+
+
+def forward_rows_of(index: Tensor, B: int, R: int) -> Tensor | None:
+    """The cache rows of the images `index` [n] (a device tensor) in forward layout [cond rows; uncond rows]; None
+    when that is every row in order, which spares the models a copy of the cache rows."""
+    return None if len(index) == B else torch.cat([index + r * B for r in range(R)])
 
 
 def batch_probs(logits: Tensor, params: SamplingParams, index: Tensor) -> Tensor:
@@ -101,21 +112,21 @@ def verify_step(model: GPT, tokens: Tensor, pos: Tensor, slots: Tensor, visible:
     return model.forward_rows(model.embed_tokens(tokens), pos, slots, visible)
 
 
-def target_forward(target: GPT, images: list, B: int, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+def target_forward(target: GPT, rows: Tensor | None, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                    width: int | None = None) -> tuple[Tensor, Tensor]:
-    """The target's forward over the active images' rows (tokens, pos, slots [R * n, S], visible [R * n, S, L] in
-    forward layout) -> (logits, hidden) [R * n, S, ...]. width None: eager, over those rows only. width W >= S: the
-    compiled static-shape step over all R * B rows and W positions; the other rows and positions are padding."""
+    """The target's forward over the active images' cache rows `rows` (None: all; tokens, pos, slots [R * n, S],
+    visible [R * n, S, L] in forward layout) -> (logits, hidden) [R * n, S, ...]. width None: eager, over those rows
+    only. width W >= S: the compiled static-shape step over all cache rows and W positions; the other rows and
+    positions are padding."""
     device = target.output.weight.device
-    R = tokens.shape[0] // len(images)
-    rows = cache_rows(images, B, R, device)
     if width is None:
         return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, rows)
     S, L = tokens.shape[1], target.cache_len
     if S > width:
         raise ValueError(f"a verify pass of {S} positions exceeds the static width {width}")
-    at = torch.arange(R * B, device=device) if rows is None else rows
-    full = lambda x, fill: x.new_full((R * B, width, *x.shape[2:]), fill)  # noqa: E731
+    RB = target.cache_key_valid.shape[0]
+    at = torch.arange(RB, device=device) if rows is None else rows
+    full = lambda x, fill: x.new_full((RB, width, *x.shape[2:]), fill)  # noqa: E731
     t, p, s, v = full(tokens, 0), full(pos, 0), full(slots, L - 1), full(visible, False)
     t[at, :S], p[at, :S], s[at, :S], v[at, :S] = tokens, pos, slots, visible
     logits, hidden = compiled.compiled_step(verify_step, device)(target, t, p, s, v)
@@ -159,109 +170,143 @@ class DrafterRounds:
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
         """Both caches set up (`*_extra` slots for tree nodes, then the scratch slot), one target forward over
-        every condition row, each image's first token drawn with its own generator."""
+        every condition row, each image's first token drawn with its own generator (self.first [B], on the
+        device)."""
         target, drafter, B, T = self.target, self.drafter, self.B, self.target.args.cls_token_num
         p0, cond_emb, hidden, rows_mask = prefill_rows(target, cond, self.params, timer, cond_mask,
                                                        self.drafting.target_extra, static)
         images, R = [], cond_emb.shape[0] // B
         with timer.section("other"):
             drafter.setup_cache(cond_emb.shape[0], extra=self.drafting.drafter_extra + SCRATCH, cond_mask=rows_mask)
+            self.first = first_tokens(p0, self.params, generators)
+            first_emb = drafter.embed_tokens(self.first)
             for b, g in enumerate(generators):
                 mine = slice(b, None, B)  # rows b (and B + b)
-                first = pick(p0[b], self.params, g)
-                first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=self.device))[:, None]
-                pend_emb = torch.cat([drafter.cond_inputs(cond_emb[mine]), first_emb], 1)
-                images.append(Image(b, g, [first], T, 0, pend_emb, hidden[mine],
+                pend_emb = torch.cat([drafter.cond_inputs(cond_emb[mine]), first_emb[b].expand(R, 1, -1)], 1)
+                images.append(Image(b, g, None, T, 0, pend_emb, hidden[mine],
                                     ImageStats(n_tokens=self.N, target_forwards=1)))
         return images
 
-    def catch_up(self, images: list[Image]) -> list[Tensor]:
-        """The drafter's catch-up of every active image in one forward (ragged): each image's predicted h_Q
-        [R, 1, d]."""
+    def catch_up(self, images: list[Image], rows: Tensor | None, starts: Tensor | None = None,
+                 lengths: Tensor | None = None) -> Tensor:
+        """The drafter's catch-up of every active image in one forward (ragged, over the cache rows `rows`; starts
+        and lengths [n] on the device, else sent): the predicted h_Q of each image, [R, n, d]."""
         n, R = len(images), images[0].pend_emb.shape[0]
-        lengths = [im.pend_emb.shape[1] for im in images]
-        S = max(lengths)
-        pos, slots, visible = ragged([im.start for im in images], lengths, R, self.drafter.cache_len, self.device)
+        S = max(im.pend_emb.shape[1] for im in images)
+        if starts is None:
+            starts, lengths = to_device(self.device, [im.start for im in images], [im.pend_emb.shape[1] for im in images])
+        pos, slots, visible = ragged(starts, lengths, S, R, self.drafter.cache_len)
         out = self.drafter.forward_rows(pack([im.pend_emb for im in images], S),
-                                        pack([im.pend_h for im in images], S), pos, slots, visible,
-                                        cache_rows(images, self.B, R, self.device))
+                                        pack([im.pend_h for im in images], S), pos, slots, visible, rows)
         for im in images:
             im.stats.drafter_forwards += 1
-        return [out[i::n, L - 1 : L] for i, L in enumerate(lengths)]
+        return out.view(R, n, S, -1)[:, torch.arange(n, device=self.device), lengths - 1]
 
     def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
         self.drafter.clear_cache()
         return finish(self.target, images, timer)
 
 
+def first_tokens(p0: Tensor, params: SamplingParams, generators: list[torch.Generator]) -> Tensor:
+    """Each image's first token [B] from the prefill's distributions p0 [B, V], drawn on the device with one uniform
+    from its generator."""
+    return next_tokens(p0, params, None if params.greedy else Uniforms(generators, 1, p0.device).u[:, 0])
+
+
 class ChainRounds(DrafterRounds):
-    """Rounds of gamma chain drafts (chain.py) for a batch."""
+    """Rounds of gamma chain drafts (chain.py) for a batch, with a bounded number of host syncs per round: the
+    round's host integers (rows, tokens done, catch-up starts and lengths, drafts per image) go to the device in
+    one copy, the images' uniforms in another (sampling), drafts, acceptance and corrections are drawn on the
+    device for all images at once (chain.accept_chains), the tokens stay in a device buffer (self.buf [B, N + ...]),
+    and one small read per round, the accepted lengths, tells the host where every image now stands.
+    Uniforms: each image draws 2 gamma + 1 ahead per round (drafts x_1..x_g, one per tried draft, the correction
+    or bonus token) and its generator then advances by the number it used, in that order: the very draws of
+    drawing them one at a time."""
+
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        self.buf = torch.zeros(self.B, self.N + self.drafting.gamma + 1, dtype=torch.long, device=self.device)
+        self.buf[:, 0] = self.first
+        return images
 
     def draft(self, images: list[Image]) -> None:
-        """Chain drafts for every active image: one batched catch-up, then batched drafter steps over the images
-        that still draft. Sets each image's `draft`."""
-        drafter, params, device = self.drafter, self.params, self.device
-        n, R = len(images), images[0].pend_emb.shape[0]
-        preds = self.catch_up(images)
-        gammas = [min(self.drafting.gamma, self.N - len(im.tokens)) for im in images]
-        for im in images:
-            im.draft = ChainDraft([], [])
-        for step in range(max(gammas)):
-            drawing = [i for i in range(n) if step < gammas[i]]
-            index = torch.tensor([[len(images[i].tokens) + step] for i in drawing], device=device)
-            qs = batch_probs(drafter.head(pack([preds[i] for i in drawing], 1)), params, index)
-            for i, q in zip(drawing, qs[:, 0]):
-                im = images[i]
-                im.draft.tokens.append(pick(q, params, im.generator))
-                im.draft.q.append(q)
-            going = [i for i in drawing if step < gammas[i] - 1]
-            if not going:
+        """One batched catch-up, then gamma drafter steps over the active images (an image with fewer drafts left
+        takes part as padding). Sets self.X [n, G] (drafts), self.q [n, G, V] (their distributions)."""
+        drafter, params, device, gamma = self.drafter, self.params, self.device, self.drafting.gamma
+        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        self.g = [min(gamma, self.N - im.n) for im in images]
+        G = max(self.g)
+        self.index, self.done, starts, lengths, self.gs = to_device(
+            device, [im.index for im in images], [im.n for im in images], [im.start for im in images],
+            [im.pend_emb.shape[1] for im in images], self.g)
+        self.uniforms = None if params.greedy else Uniforms([im.generator for im in images], 2 * gamma + 1, device)
+        u = None if params.greedy else self.uniforms.u
+        self.rows = forward_rows_of(self.index, self.B, R)
+        pred = self.catch_up(images, self.rows, starts, lengths)  # [R, n, d]
+        Q = self.target.args.cls_token_num + self.done - 1
+        X, qs = torch.zeros(n, G, dtype=torch.long, device=device), []
+        for step in range(G):
+            q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (self.done + step)[:, None])[:, 0]
+            X[:, step] = next_tokens(q, params, None if u is None else u[:, step])
+            qs.append(q)
+            if step == G - 1:
                 break
-            sub = [images[i] for i in going]
-            x = torch.tensor([im.draft.tokens[-1] for im in sub] * R, device=device)
-            pos, slots, visible = ragged([im.Q + step for im in sub], [1] * len(sub), R, drafter.cache_len, device)
-            out = drafter.forward_rows(drafter.embed_tokens(x)[:, None], pack([preds[i] for i in going], 1), pos,
-                                       slots, visible, cache_rows(sub, self.B, R, device))
-            for j, i in enumerate(going):
-                preds[i] = out[j :: len(going)]
-                images[i].stats.drafter_forwards += 1
+            real = step < self.gs - 1
+            at = (Q + step)[:, None]
+            pos, slots = torch.where(real[:, None], at, 0), torch.where(real[:, None], at, L - 1)
+            visible = (torch.arange(L, device=device) <= at[..., None]) & real[:, None, None]
+            pred = drafter.forward_rows(drafter.embed_tokens(X[:, step]).repeat(R, 1)[:, None],
+                                        pred.reshape(R * n, 1, -1), pos.repeat(R, 1), slots.repeat(R, 1),
+                                        visible.repeat(R, 1, 1), self.rows).view(R, n, -1)
+            for im, g in zip(images, self.g):
+                im.stats.drafter_forwards += step < g - 1
+        self.X, self.q = X, torch.stack(qs, 1)
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
-        """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + longest draft,
-        ...] (width: target_forward's static shape)."""
-        target, device = self.target, self.device
+        """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:
+        target_forward's static shape)."""
         R = images[0].pend_emb.shape[0]
-        seqs = [[im.tokens[-1]] + im.draft.tokens for im in images]
-        lengths = [len(s) for s in seqs]
-        tokens = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
-        pos, slots, visible = ragged([im.Q for im in images], lengths, R, target.cache_len, device)
+        seq = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
+        Q = self.target.args.cls_token_num + self.done - 1
+        pos, slots, visible = ragged(Q, self.gs + 1, seq.shape[1], R, self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
-        return target_forward(target, images, self.B, tokens, pos, slots, visible, width)
+        return target_forward(self.target, self.rows, seq.repeat(R, 1), pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
-        """verify_chain and the commit for every active image."""
-        device, params, N = self.device, self.params, self.N
-        index = torch.tensor([len(im.tokens) for im in images], device=device)[:, None] + torch.arange(
-            logits.shape[1], device=device)
-        P = batch_probs(logits, params, index)
-        for i, im in enumerate(images):
-            g, h = len(im.draft.tokens), hidden[i :: len(images)]
-            a, p = verify_chain(P[i, : g + 1], im.draft.q, im.draft.tokens, params, self.table, self.rule,
-                                im.generator)
-            im.tokens += im.draft.tokens[:a]
-            im.stats.accepted_per_step.append(a)
-            im.stats.tree_depth.append(im.draft.max_depth)
-            if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
+        """Acceptance and the next token of every active image on the device, then the one read of the round."""
+        n, R, T, N = len(images), images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N
+        index = self.done[:, None] + torch.arange(logits.shape[1], device=self.device)
+        P = batch_probs(logits, self.params, index)
+        u = None if self.uniforms is None else self.uniforms.u
+        a, token = accept_chains(P, self.q, self.X, self.gs, u, self.params, self.table, self.rule)
+        self.buf[self.index[:, None], self.done[:, None] + torch.arange(self.X.shape[1], device=self.device)] = self.X
+        self.buf[self.index, self.done + a] = token  # past the image's end when the drafts completed it: unread
+        used = []
+        for i, (im, a_i, g) in enumerate(zip(images, a.tolist(), self.g)):  # the round's one read
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(g)
+            done = im.n + a_i == N  # the drafts completed the image: no bonus token past its end
+            used.append(g + min(a_i + 1, g) + (not done))
+            if done:
+                im.n = N
                 continue
-            im.tokens.append(pick(p, params, im.generator))
-            im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(h.shape[0], -1))
-            im.pend_h = h[:, : a + 1]
-            im.start, im.Q = im.Q, im.Q + a + 1
+            im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n : im.n + a_i + 1]).expand(R, -1, -1)
+            im.pend_h = hidden[i::n, : a_i + 1]
+            im.start = T + im.n - 1
+            im.n += a_i + 1
+        if self.uniforms is not None:
+            self.uniforms.used(used)
+
+    def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+        self.drafter.clear_cache()
+        return finish(self.target, images, timer, self.buf[:, : self.N])
 
 
-def finish(target: GPT, images: list, timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
-    """The target's cache freed; (tokens [B, N], stats per image with the batch's section times / B)."""
+def finish(target: GPT, images: list, timer: StepTimer, tokens: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
+    """The target's cache freed; (tokens [B, N] (given, or the images' lists), stats per image with the batch's
+    section times / B)."""
     target.clear_cache()
     B, stats = len(images), []
     for im in images:
@@ -269,4 +314,6 @@ def finish(target: GPT, images: list, timer: StepTimer) -> tuple[Tensor, list[Im
         s.time_draft_s, s.time_verify_s, s.time_other_s = s.time_draft_s / B, s.time_verify_s / B, s.time_other_s / B
         s.batch_size = B
         stats.append(s)
-    return torch.tensor([im.tokens for im in images], device=target.output.weight.device), stats
+    if tokens is None:
+        tokens = torch.tensor([im.tokens for im in images], device=target.output.weight.device)
+    return tokens, stats

@@ -61,12 +61,19 @@ class TreeRounds(DrafterRounds):
         q = batch_probs(drafter.head(out), self.params, index.expand(-1, S))
         return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
 
+    def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        for im, first in zip(images, self.first.tolist()):
+            im.tokens = [first]
+        return images
+
     def draft(self, images: list[Image]) -> None:
         """Every active image's tree grown in its `growth`, the drafter forwards batched. Sets each image's
         `draft`."""
-        preds = self.catch_up(images)
+        n, R = len(images), images[0].pend_emb.shape[0]
+        pred = self.catch_up(images, cache_rows(images, self.B, R, self.device))
         index = torch.tensor([[len(im.tokens)] for im in images], device=self.device)
-        q_root = batch_probs(self.drafter.head(pack(preds, 1)), self.params, index)[:, 0]
+        q_root = batch_probs(self.drafter.head(pred.reshape(R * n, 1, -1)), self.params, index)[:, 0]
         growing, asks = {}, {}
 
         def advance(i: int, answer) -> None:
@@ -78,7 +85,7 @@ class TreeRounds(DrafterRounds):
                 del growing[i], asks[i]
 
         for i, im in enumerate(images):
-            growing[i] = self.drafting.growth(preds[i], q_root[i], self.params, self.N - len(im.tokens), im.generator)
+            growing[i] = self.drafting.growth(pred[:, i : i + 1], q_root[i], self.params, self.N - len(im.tokens), im.generator)
             asks[i] = None
             advance(i, None)
         while asks:
@@ -103,7 +110,7 @@ class TreeRounds(DrafterRounds):
                                       R, L)
         for im in images:
             im.stats.target_forwards += 1
-        return target_forward(target, images, self.B, tokens, pos, slots, visible, width)
+        return target_forward(target, cache_rows(images, self.B, R, device), tokens, pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The tree's accept and the commit for every active image; the cache moves of all of them at once."""
@@ -121,11 +128,13 @@ class TreeRounds(DrafterRounds):
                 src += [im.Q + 1 + s for s, _ in moved]
                 dst += [im.Q + 1 + j for _, j in moved]
             im.tokens += d.tokens_at(path)
+            im.n = len(im.tokens)
             im.stats.accepted_per_step.append(a)
             im.stats.tree_depth.append(d.max_depth)
             if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
                 continue
             im.tokens.append(pick(p, params, im.generator))
+            im.n += 1
             im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
             im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
             im.start, im.Q = im.Q, im.Q + a + 1

@@ -1,5 +1,5 @@
 """Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward; the rounds
-themselves are batched.ChainRounds.
+themselves are batched.ChainRounds, which accepts every image's chain at once (`accept_chains`).
 
 draft: gamma drafter forwards, the first from the catch-up's predicted hidden state, each later one feeding the
 drafter its own predicted hidden state; every x_i is drawn from the drafter's CFG-mixed, temperature/top-k/top-p
@@ -16,20 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual
+from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, residual_rows
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.sampling import SamplingParams, draw
 from lantern.errors import UserError
-
-
-@dataclass
-class ChainDraft:
-    tokens: list[int]
-    q: list[Tensor]  # the distributions the drafts were drawn from
-
-    @property
-    def max_depth(self) -> int:
-        return len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -72,3 +62,34 @@ def verify_chain(P: Tensor, q: list[Tensor], tokens: list[int], params: Sampling
     if a < g:
         return a, residual(P[a], q[a], tokens[a], int(M[a]), table, rule)
     return g, P[g]
+
+
+def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, params: SamplingParams,
+                  table: Tensor | None, rule: AcceptRule) -> tuple[Tensor, Tensor]:
+    """verify_chain for n chains at once, on the device: drafts X [n, G] (chain i: its first g[i]) drawn from q
+    [n, G, V], the target's P [n, G + 1, V]; u [n, 2 G' + 1] each chain's uniforms of the round (None: greedy),
+    the tried drafts' at columns g[i] + j and the next token's at g[i] + tries. Returns (accepted lengths a [n],
+    next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
+    but for rules with their own residual (rule.impl), which take it row by row."""
+    n, G = X.shape
+    j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
+    valid = j < g[:, None]
+    if params.greedy:
+        ok = greedy_accept(P[:, :G], X, table, rule) & valid
+    else:
+        A, _, M = accept_probability(P[:, :G], q, X, table, rule)
+        ok = (u.gather(1, g[:, None] + j) < A) & valid
+    a = ok.long().cumprod(-1).sum(-1)
+    p = P[rows, a]
+    if params.greedy:
+        return a, p.argmax(-1)
+    at = a.clamp(max=G - 1)  # the first rejected draft (a row that accepted all of them ignores it)
+    rejected = a < g
+    if rule.impl is None:
+        res = residual_rows(P[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
+        p = torch.where(rejected[:, None], res, p)
+    else:
+        read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()
+        p = torch.stack([residual(P[i, t], q[i, t], x, m, table, rule) if r else p[i]
+                         for i, (r, t, x, m) in enumerate(read)])
+    return a, draw(p, u.gather(1, (g + torch.minimum(a + 1, g))[:, None])[:, 0])

@@ -32,7 +32,9 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batch_probs, finish, pack, prefill_rows, ragged, target_forward
+from lantern.engine.batched import (
+    batch_probs, cache_rows, finish, first_tokens, pack, prefill_rows, ragged, target_forward, to_device,
+)
 from lantern.engine.chain import verify_chain
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, pick
@@ -65,6 +67,7 @@ class Image:
     window: list[int] = field(default_factory=list)  # x_1..x_L
     qs: list[Tensor] = field(default_factory=list)  # the distributions they were drawn from
     refine_from: tuple[Tensor, int] | None = None  # (P, a) of the last iteration, for step 4
+    n: int = 1  # tokens decoded so far
 
     def refill(self, jacobi: Jacobi, N: int, uniform: Tensor) -> None:
         """Step 1: the window topped up to L (fewer near the image's end) with uniform draws."""
@@ -114,7 +117,8 @@ class JacobiRounds:
         p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static)
         self.R, T = cond_emb.shape[0] // self.B, self.target.args.cls_token_num
         with timer.section("other"):
-            return [Image(b, g, [pick(p0[b], self.params, g)], T, ImageStats(n_tokens=self.N, target_forwards=1))
+            first = first_tokens(p0, self.params, generators).tolist()
+            return [Image(b, g, [first[b]], T, ImageStats(n_tokens=self.N, target_forwards=1))
                     for b, g in enumerate(generators)]
 
     def draft(self, images: list[Image]) -> None:
@@ -129,10 +133,11 @@ class JacobiRounds:
         seqs = [[im.tokens[-1]] + im.window for im in images]
         lengths = [len(s) for s in seqs]
         x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
-        pos, slots, visible = ragged([im.Q for im in images], lengths, R, self.target.cache_len, device)
+        pos, slots, visible = ragged(*to_device(device, [im.Q for im in images], lengths), max(lengths), R,
+                                     self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
-        return target_forward(self.target, images, self.B, x, pos, slots, visible, width)
+        return target_forward(self.target, cache_rows(images, self.B, R, device), x, pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         index = torch.tensor([len(im.tokens) for im in images], device=self.device)[:, None] + torch.arange(
@@ -140,6 +145,7 @@ class JacobiRounds:
         P = batch_probs(logits, self.params, index)
         for i, im in enumerate(images):
             a = im.accept(P[i], self.params, self.table, self.rule, self.N)
+            im.n = len(im.tokens)
             im.refine_from = None if a is None else (P[i], a)
 
     def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:

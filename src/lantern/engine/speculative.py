@@ -101,7 +101,7 @@ def decode(
     rounds = rounds_for(drafting, target, drafter, params, rule, table, B)
     images = rounds.prefill(cond, generators, timer, cond_mask, compile)
     width = drafting.nodes + 1 if compile else None
-    while active := [im for im in images if len(im.tokens) < N]:
+    while active := [im for im in images if im.n < N]:
         with timer.section("draft"):
             rounds.draft(active)
         with timer.section("verify"):
