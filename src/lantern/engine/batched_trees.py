@@ -2,8 +2,8 @@
 rows with the shapes of trees.py.
 
 Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
-drafter passes it needs, trees.TreePass, and draws from the image's generator: a static tree's Gumbel keys, cut to
-the tokens the image has left), and the image's round is accepted by the tree's `accept` with its generator. What
+drafter passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to
+the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round is accepted by the tree's `accept` with its generator. What
 is batched are the forwards, over the images still decoding:
 1. draft: ONE drafter catch-up forward (batched.catch_up), the root distributions of every image at once, then
    each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward
-from lantern.engine.sampling import pick
+from lantern.engine.sampling import Uniforms, pick
 from lantern.engine.trees import Draft, TreePass, _visible
 
 
@@ -84,10 +84,16 @@ class TreeRounds(DrafterRounds):
                 images[i].stats.drafter_forwards += done.value.drafter_passes
                 del growing[i], asks[i]
 
+        # a sampled static tree's uniforms, drawn ahead from each image's generator, in one copy
+        need = [self.drafting.uniforms(self.N - im.n) for im in images]
+        ahead = Uniforms([im.generator for im in images], max(need), self.device) if max(need) else None
         for i, im in enumerate(images):
-            growing[i] = self.drafting.growth(pred[:, i : i + 1], q_root[i], self.params, self.N - len(im.tokens), im.generator)
+            growing[i] = self.drafting.growth(pred[:, i : i + 1], q_root[i], self.params, self.N - im.n,
+                                              None if ahead is None else ahead.u[i])
             asks[i] = None
             advance(i, None)
+        if ahead is not None:
+            ahead.used(need)
         while asks:
             order = list(asks)
             answers = self.tree_passes([images[i] for i in order], [asks[i] for i in order])

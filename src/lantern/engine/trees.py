@@ -16,9 +16,10 @@ batched rounds: batched_trees.py):
 
 Children of a node: under greedy, and on every dynamic tree, the parent's top-ranked drafter tokens, verified as
 deterministic drafts (q = 1: a rejected token leaves p, which is renormalised). Under sampling a static tree draws
-children from the drafter distribution without replacement (ordered Gumbel-top-k, which is successive sampling
-without replacement) and keeps the parent's q: verification tries child j with its conditional draft probability
-q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each rejection.
+children from the drafter distribution without replacement (successive inverse-CDF draws, one uniform per child
+from the image's generator: the law of ordered Gumbel-top-k) and keeps the parent's q: verification tries child j
+with its conditional draft probability q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each
+rejection.
 
 Static shapes are rank paths: (0, 2) is the third-ranked child of the root's top-ranked child. Every parent's
 child ranks must be 0 .. c - 1 (successive draws) and below STATIC_TOP_K. `naive_extend_57` (the default) is the
@@ -41,7 +42,7 @@ from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, row_probs
+from lantern.engine.sampling import SamplingParams, draw, row_probs
 from lantern.errors import UserError
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
@@ -201,34 +202,54 @@ class StaticTree(TreeShape):
     def describe(self) -> str:
         return f"static tree {self.name} ({self.n} nodes, depth {self.depth})"
 
-    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
-               generator: torch.Generator):
-        """The shape cut at max_depth, a level at a time (TreeShape.growth)."""
+    def uniforms(self, max_depth: int) -> int:
+        """Uniforms a sampled growth of the shape cut at max_depth draws: `width` per row of every level."""
+        total, rows = 0, 1
+        for lvl in self.upto(max_depth).levels:
+            total, rows = total + rows * lvl.width, len(lvl.runners)
+        return total
+
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int, u: Tensor | None):
+        """The shape cut at max_depth, a level at a time (TreeShape.growth); u: the image's `uniforms(max_depth)`
+        uniforms on the device (sampling)."""
         shape = self.upto(max_depth)
         device = pred.device
         sampled = not params.greedy
         tokens = torch.empty(shape.n, dtype=torch.long, device=device)
-        keys = torch.empty(shape.n, dtype=torch.float64, device=device) if sampled else None
-        q, hidden, qs = q_root[None], pred, [q_root[None]]
+        ok = torch.empty(shape.n, dtype=torch.bool, device=device) if sampled else None
+        q, hidden, qs, used = q_root[None], pred, [q_root[None]], 0
         for d, lvl in enumerate(shape.levels):
-            if sampled:  # ordered Gumbel-top-k: successive draws without replacement
-                u = torch.rand(q.shape, generator=generator, dtype=torch.float64).to(device).clamp_(min=1e-300)
-                top = (q.double().log() - (-u.log()).log()).topk(lvl.width, dim=-1)
-                keys[lvl.lo : lvl.hi] = top.values[lvl.parent_row, lvl.rank]
+            if sampled:  # successive inverse-CDF draws without replacement: `width` uniforms per row
+                top, mass = successive_draws(q, u[used : used + q.shape[0] * lvl.width].view(q.shape[0], lvl.width))
+                used += q.shape[0] * lvl.width
+                ok[lvl.lo : lvl.hi] = mass[lvl.parent_row, lvl.rank]
             else:
-                top = q.topk(lvl.width, dim=-1)
-            tokens[lvl.lo : lvl.hi] = top.indices[lvl.parent_row, lvl.rank]
+                top = q.topk(lvl.width, dim=-1).indices
+            tokens[lvl.lo : lvl.hi] = top[lvl.parent_row, lvl.rank]
             if not len(lvl.runners):
                 break
             hidden, q = yield TreePass(tokens[lvl.runners], hidden[:, lvl.runner_parent_row], d, lvl.runners,
                                        lvl.runner_anc)
             qs.append(q)
         children = shape.children
-        if sampled:  # a child past the support of q (keys -inf) is never offered
-            ok = (keys > float("-inf")).tolist()
+        if sampled:  # a child past the support of q (drawn from no mass) is never offered
+            ok = ok.tolist()
             children = [[c for c in cs if ok[c]] for cs in children]
         return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block, children=children,
                      q=torch.cat(qs) if sampled else None, q_row=shape.q_row, drafter_passes=len(qs) - 1)
+
+
+def successive_draws(q: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Ordered draws without replacement from each row of q [rows, V], one uniform each (u [rows, w]): draw j is
+    an inverse-CDF draw from q without draws 1..j-1 (the law of ordered Gumbel-top-w with w uniforms instead of V).
+    Returns (tokens [rows, w], whether q had mass left for each draw [rows, w])."""
+    left = q.double().clone()
+    tokens, mass = [], []
+    for j in range(u.shape[1]):
+        mass.append(left.sum(-1) > 0)
+        tokens.append(draw(left, u[:, j]))
+        left.scatter_(-1, tokens[-1][:, None], 0.0)
+    return torch.stack(tokens, 1), torch.stack(mass, 1)
 
 
 @dataclass(frozen=True)
@@ -267,9 +288,11 @@ class DynamicTree(TreeShape):
     def describe(self) -> str:
         return f"dynamic tree (total_tokens {self.total_tokens}, depth {self.depth}, top_k {self.top_k})"
 
-    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
-               generator: torch.Generator):
-        """EAGLE-2's expansions, one drafter pass each (TreeShape.growth); draws nothing from `generator`."""
+    def uniforms(self, max_depth: int) -> int:
+        return 0
+
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int, u: Tensor | None):
+        """EAGLE-2's expansions, one drafter pass each (TreeShape.growth); draws no uniform."""
         device = pred.device
         k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
