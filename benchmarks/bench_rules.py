@@ -74,7 +74,8 @@ def main():
 
     def recording(P, Q, X, tbl, rule, *rest):
         if len(pairs) < a.tv_positions:
-            pairs.append((P[0].double().clone(), Q[0].double().clone()))
+            first = lambda t: t.reshape(-1, t.shape[-1])[0].double().clone()  # noqa: E731 - image 0, draft 1
+            pairs.append((first(P), first(Q)))
         return record(P, Q, X, tbl, rule, *rest)
 
     rows = []

@@ -8,8 +8,8 @@ Chain round over the active images:
 1. draft: ONE drafter forward catches every active image up (ragged lengths, padded to the longest), then drafter
    step i runs over the images that still want a draft i + 2 (an image near its end drafts fewer than gamma);
 2. verify: ONE target forward over every active image's [y, drafts] (padded);
-3. accept and commit: the target's distributions of every verified position at once, then per image verify_chain
-   with the image's generator; the image's next round reads from its own new Q.
+3. accept and commit: the target's distributions of every verified position at once, then every image's chain
+   accepted at once with its own uniforms (chain.accept_chains); the image's next round reads from its own new Q.
 Rows: image b owns cache rows b, and b + B under CFG ([cond_1..cond_B, uncond_1..uncond_B], as generate.generate).
 A forward over a subset of the images passes their cache rows (GPT.forward_rows, Drafter.forward_rows), each row
 with its own RoPE positions, cache slots and causal mask, laid out as [cond rows of the subset; uncond rows], so
@@ -194,7 +194,8 @@ class DrafterRounds:
         n, R = len(images), images[0].pend_emb.shape[0]
         S = max(im.pend_emb.shape[1] for im in images)
         if starts is None:
-            starts, lengths = to_device(self.device, [im.start for im in images], [im.pend_emb.shape[1] for im in images])
+            starts, lengths = to_device(self.device, [im.start for im in images],
+                                        [im.pend_emb.shape[1] for im in images])
         pos, slots, visible = ragged(starts, lengths, S, R, self.drafter.cache_len)
         out = self.drafter.forward_rows(pack([im.pend_emb for im in images], S),
                                         pack([im.pend_h for im in images], S), pos, slots, visible, rows)
@@ -304,7 +305,8 @@ class ChainRounds(DrafterRounds):
         return finish(self.target, images, timer, self.buf[:, : self.N])
 
 
-def finish(target: GPT, images: list, timer: StepTimer, tokens: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
+def finish(target: GPT, images: list, timer: StepTimer,
+           tokens: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
     """The target's cache freed; (tokens [B, N] (given, or the images' lists), stats per image with the batch's
     section times / B)."""
     target.clear_cache()

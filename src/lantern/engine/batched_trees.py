@@ -3,9 +3,10 @@ rows with the shapes of trees.py.
 
 Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
 drafter passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to
-the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round is accepted by the tree's `accept` with its generator. What
-is batched are the forwards, over the images still decoding:
-1. draft: ONE drafter catch-up forward (batched.catch_up), the root distributions of every image at once, then
+the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round
+is accepted by the tree's `accept` with its generator. What is batched are the forwards, over the images still
+decoding:
+1. draft: ONE drafter catch-up forward (DrafterRounds.catch_up), the root distributions of every image at once, then
    each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
    tree's level, a dynamic tree's expansion), each row at its own positions Q_b + pos, slots Q_b + node slots and
    tree mask over the slots from Q_b on, padded to the widest;

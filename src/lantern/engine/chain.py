@@ -6,7 +6,8 @@ drafter its own predicted hidden state; every x_i is drawn from the drafter's CF
 processed distribution q_i (argmax under greedy).
 verify: one target forward over [y, x_1..x_g] at positions Q..Q+g (slots Q..Q+g: the accepted prefix already sits
 where it belongs, nothing to move).
-accept: `verify_chain`, the longest prefix the rule allows (also Jacobi decoding's verification).
+accept: `accept_chains`, the longest prefix the rule allows, every image's chain at once (also Jacobi decoding's
+verification).
 """
 
 from __future__ import annotations
@@ -43,42 +44,25 @@ class Chain:
         pass
 
 
-def verify_chain(P: Tensor, q: list[Tensor], tokens: list[int], params: SamplingParams, table: Tensor | None,
-                 rule: AcceptRule, generator: torch.Generator) -> tuple[int, Tensor]:
-    """(accepted prefix length a, the next token's distribution) for drafts x_1..x_g drawn from q_1..q_g, against
-    the target's P [g + 1, V]: greedy tests all positions at once; sampling draws one uniform per tried position,
-    stops at the first rejection and returns the residual there, or P[g] when all pass. Shared by the EAGLE chain
-    and by Jacobi decoding (jacobi.py), whose drafts are the target's own earlier guesses."""
-    g = len(tokens)
-    X = torch.tensor(tokens, device=P.device)
-    if params.greedy:
-        ok = greedy_accept(P[:g], X, table, rule).tolist()
-        a = ok.index(False) if False in ok else g
-        return a, P[a]
-    A, _, M = accept_probability(P[:g], torch.stack(q), X, table, rule)
-    a = 0
-    while a < g and torch.rand((), generator=generator, dtype=torch.float64).item() < A[a].item():
-        a += 1
-    if a < g:
-        return a, residual(P[a], q[a], tokens[a], int(M[a]), table, rule)
-    return g, P[g]
-
-
 def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, params: SamplingParams,
-                  table: Tensor | None, rule: AcceptRule) -> tuple[Tensor, Tensor]:
-    """verify_chain for n chains at once, on the device: drafts X [n, G] (chain i: its first g[i]) drawn from q
-    [n, G, V], the target's P [n, G + 1, V]; u [n, 2 G' + 1] each chain's uniforms of the round (None: greedy),
-    the tried drafts' at columns g[i] + j and the next token's at g[i] + tries. Returns (accepted lengths a [n],
+                  table: Tensor | None, rule: AcceptRule, tried_from: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The longest accepted prefix of n chains at once, on the device (greedy: the longest prefix of drafts that
+    pass the rule's greedy test; sampling: one uniform per tried draft, accept while u < min(1, p~(x) / q(x))):
+    drafts X [n, G] (chain i: its first g[i]) drawn from q
+    [n, G, V], the target's P [n, G + 1, V]; u [n, ...] each chain's uniforms of the round (None: greedy), the
+    tried drafts' at columns tried_from[i] + j (default g[i]: after the drafts' own) and the next token's at
+    tried_from[i] + tries. Returns (accepted lengths a [n],
     next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
     but for rules with their own residual (rule.impl), which take it row by row."""
     n, G = X.shape
     j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
+    tried_from = g if tried_from is None else tried_from
     valid = j < g[:, None]
     if params.greedy:
         ok = greedy_accept(P[:, :G], X, table, rule) & valid
     else:
         A, _, M = accept_probability(P[:, :G], q, X, table, rule)
-        ok = (u.gather(1, g[:, None] + j) < A) & valid
+        ok = (u.gather(1, tried_from[:, None] + j) < A) & valid
     a = ok.long().cumprod(-1).sum(-1)
     p = P[rows, a]
     if params.greedy:
@@ -92,4 +76,4 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
         read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()
         p = torch.stack([residual(P[i, t], q[i, t], x, m, table, rule) if r else p[i]
                          for i, (r, t, x, m) in enumerate(read)])
-    return a, draw(p, u.gather(1, (g + torch.minimum(a + 1, g))[:, None])[:, 0])
+    return a, draw(p, u.gather(1, (tried_from + torch.minimum(a + 1, g))[:, None])[:, 0])

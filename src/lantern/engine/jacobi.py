@@ -5,7 +5,7 @@ token at target position Q:
 1. refill: the window is topped up to L (fewer near the image's end) with fresh tokens drawn uniformly from the
    vocabulary, whose draft distribution is therefore the uniform one;
 2. verify: ONE target forward over [y, x_1..x_L] (positions Q..Q+L, the cache API of chain.py) gives P_1..P_{L+1};
-3. accept: `chain.verify_chain`, exactly as the EAGLE chain verifies, with each window token's draft distribution
+3. accept: `chain.accept_chains`, exactly as the EAGLE chain verifies, with each window token's draft distribution
    q_i = the distribution it was drawn from (the previous iteration's P at its position, or uniform): accept with
    min(1, p(x)/q(x)) under `exact`, resample from the rule's residual at the first rejection (greedy: the longest
    prefix of argmaxes, then the argmax); every acceptance rule of the registry applies unchanged;
@@ -26,18 +26,19 @@ refining with its own generator, so its tokens and stats never depend on the bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.batched import (
-    batch_probs, cache_rows, finish, first_tokens, pack, prefill_rows, ragged, target_forward, to_device,
+    batch_probs, finish, first_tokens, forward_rows_of, prefill_rows, ragged, target_forward, to_device,
 )
-from lantern.engine.chain import verify_chain
+from lantern.engine.chain import accept_chains
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, pick
+from lantern.engine.sampling import SamplingParams, draw
 from lantern.engine.stats import ImageStats, StepTimer
 from lantern.errors import UserError
 
@@ -57,96 +58,104 @@ class Jacobi:
 
 @dataclass
 class Image:
-    """One image's Jacobi state, and its steps of one iteration."""
+    """One image's Jacobi state on the host: the rest (its tokens, window and the distributions its guesses were
+    drawn from) lives on the device, in JacobiRounds' tensors."""
 
     index: int  # b: its cache rows are b (and b + B under CFG) in a batch (batched.cache_rows)
     generator: torch.Generator
-    tokens: list[int]
-    Q: int  # target position of the newest token y
     stats: ImageStats
-    window: list[int] = field(default_factory=list)  # x_1..x_L
-    qs: list[Tensor] = field(default_factory=list)  # the distributions they were drawn from
-    refine_from: tuple[Tensor, int] | None = None  # (P, a) of the last iteration, for step 4
     n: int = 1  # tokens decoded so far
-
-    def refill(self, jacobi: Jacobi, N: int, uniform: Tensor) -> None:
-        """Step 1: the window topped up to L (fewer near the image's end) with uniform draws."""
-        L = min(jacobi.window, N - len(self.tokens))
-        self.window, self.qs = self.window[:L], self.qs[:L]
-        fresh = L - len(self.window)
-        if fresh:
-            self.window += torch.randint(len(uniform), (fresh,), generator=self.generator,
-                                         device=uniform.device).tolist()
-            self.qs += [uniform] * fresh
-
-    def accept(self, P: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule, N: int) -> int | None:
-        """Step 3 from the target's P [>= L + 1, V] at positions Q..Q+L: the accepted prefix and the correction or
-        bonus token committed; returns the prefix length a, None once the image is complete."""
-        a, p = verify_chain(P[: len(self.window) + 1], self.qs, self.window, params, table, rule, self.generator)
-        self.tokens += self.window[:a]
-        self.stats.accepted_per_step.append(a)
-        self.stats.tree_depth.append(len(self.window))
-        if len(self.tokens) == N:
-            return None
-        self.tokens.append(pick(p, params, self.generator))
-        self.Q += a + 1
-        return a
-
-    def refine(self, P: Tensor, a: int, params: SamplingParams, N: int) -> None:
-        """Step 4: positions after the new token get this iteration's guesses there, conditioned on the rejected
-        prefix (P_{L+1} included, never past the image's end)."""
-        later = range(a + 1, min(len(self.window) + 1, N - (len(self.tokens) - a - 1)))
-        self.window = [pick(P[j], params, self.generator) for j in later]
-        self.qs = [P[j] for j in later]
+    L: int = 0  # window tokens x_1..x_L
+    a: int = -1  # the last iteration's accepted prefix (-1: none yet): its guesses after it refine the window
+    prev: int = 0  # tokens decoded before the last iteration
 
 
 class JacobiRounds:
-    """Jacobi iterations for a batch in speculative.decode's loop: one target forward per iteration over every
-    active image's [y, x_1..x_L] (ragged, the layout of batched.py), each image refilling, accepting and refining
-    with its own generator (the `Image` steps). Refinement (step 4) runs at the start of the next iteration's
-    draft section, from the distributions the image kept."""
+    """Jacobi iterations for a batch in speculative.decode's loop, a bounded number of host syncs per iteration:
+    one target forward over every active image's [y, x_1..x_L] (ragged, the layout of batched.py); the host knows
+    each image's counts (tokens done, window length, the last accepted prefix) and sends, per iteration, one copy of
+    integers (rows, counts, the fresh tokens drawn with randint) and one of uniforms (refinement draws, then the
+    acceptance block drawn ahead); refinement (step 4, at the start of the next iteration), acceptance
+    (chain.accept_chains) and the correction are drawn on the device, and one read of the accepted lengths ends the
+    iteration. Every image draws from its own generator in the order drawing one token at a time does: refinement
+    uniforms, fresh tokens, the tried drafts' uniforms, the correction's."""
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                  B: int):
         self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
-        self.N, self.device = target.args.image_tokens, target.output.weight.device
-        self.uniform = torch.full((target.args.vocab_size,), 1.0 / target.args.vocab_size, device=self.device)
+        self.N, self.V, self.device = target.args.image_tokens, target.args.vocab_size, target.output.weight.device
+        W = jacobi.window
+        self.buf = torch.zeros(B, self.N + W + 1, dtype=torch.long, device=self.device)  # tokens
+        self.window = torch.zeros(B, W, dtype=torch.long, device=self.device)
+        self.qs = torch.full((B, W, self.V), 1.0 / self.V, device=self.device)  # q of each window token
+        self.P = torch.zeros(B, W + 1, self.V, device=self.device)  # the last iteration's target distributions
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
         p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static)
-        self.R, T = cond_emb.shape[0] // self.B, self.target.args.cls_token_num
+        self.R = cond_emb.shape[0] // self.B
         with timer.section("other"):
-            first = first_tokens(p0, self.params, generators).tolist()
-            return [Image(b, g, [first[b]], T, ImageStats(n_tokens=self.N, target_forwards=1))
-                    for b, g in enumerate(generators)]
+            self.buf[:, 0] = first_tokens(p0, self.params, generators)
+        return [Image(b, g, ImageStats(n_tokens=self.N, target_forwards=1)) for b, g in enumerate(generators)]
 
     def draft(self, images: list[Image]) -> None:
+        """Steps 4 and 1: each window refined from the last iteration's P after its accepted prefix (r guesses,
+        never past the image's end), then topped up to L = min(window, tokens left) with uniform draws."""
+        W, N, greedy, device = self.jacobi.window, self.N, self.params.greedy, self.device
+        refined, fresh, us, self.states = [], [], [], []
         for im in images:
-            if im.refine_from is not None:
-                im.refine(*im.refine_from, self.params, self.N)
-            im.refill(self.jacobi, self.N, self.uniform)
+            r = 0 if im.a < 0 else max(0, min(im.L + 1, N - im.prev, im.a + 1 + min(W, N - im.n)) - im.a - 1)
+            u_ref = None if greedy else torch.rand(r, generator=im.generator, dtype=torch.float64)
+            im.L = min(W, N - im.n)
+            fresh += [0] * r + torch.randint(self.V, (im.L - r,), generator=im.generator).tolist() + [0] * (W - im.L)
+            self.states.append(im.generator.get_state())
+            if not greedy:  # the acceptance block, drawn ahead: L tries and the correction
+                us.append(torch.cat([F.pad(u_ref, (0, W - r)), torch.rand(W + 1, generator=im.generator,
+                                                                          dtype=torch.float64)]))
+            refined.append(r)
+        self.u = None if greedy else torch.stack(us).to(device)  # [n, W + W + 1]
+        plan = to_device(device, [im.index for im in images], [im.n for im in images], [im.L for im in images],
+                         refined, [max(im.a, 0) + 1 for im in images], fresh)
+        self.index, self.done, self.Ls, r, start, fresh_tokens = plan
+        j = torch.arange(W, device=device)
+        take = (start[:, None] + j).clamp(max=W)  # row a + 1 + j of the last P for guess j
+        Pr = self.P[self.index[:, None], take]  # [n, W, V]
+        guess = Pr.argmax(-1) if greedy else draw(Pr, self.u[:, :W])
+        is_guess, is_fresh = j < r[:, None], (j >= r[:, None]) & (j < self.Ls[:, None])
+        self.window[self.index] = torch.where(is_guess, guess, torch.where(is_fresh, fresh_tokens.view(-1, W), 0))
+        self.qs[self.index] = torch.where(is_guess[..., None], Pr, 1.0 / self.V).to(self.qs.dtype)
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One forward over every active image's [y, x_1..x_L], padded to the longest."""
-        device, R = self.device, self.R
-        seqs = [[im.tokens[-1]] + im.window for im in images]
-        lengths = [len(s) for s in seqs]
-        x = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
-        pos, slots, visible = ragged(*to_device(device, [im.Q for im in images], lengths), max(lengths), R,
-                                     self.target.cache_len)
+        R, S = self.R, max(im.L for im in images) + 1
+        x = torch.cat([self.buf[self.index, self.done - 1][:, None], self.window[self.index, : S - 1]], 1)
+        Q = self.target.args.cls_token_num + self.done - 1
+        pos, slots, visible = ragged(Q, self.Ls + 1, S, R, self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
-        return target_forward(self.target, cache_rows(images, self.B, R, device), x, pos, slots, visible, width)
+        rows = forward_rows_of(self.index, self.B, R)
+        return target_forward(self.target, rows, x.repeat(R, 1), pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
-        index = torch.tensor([len(im.tokens) for im in images], device=self.device)[:, None] + torch.arange(
-            logits.shape[1], device=self.device)
-        P = batch_probs(logits, self.params, index)
-        for i, im in enumerate(images):
-            a = im.accept(P[i], self.params, self.table, self.rule, self.N)
-            im.n = len(im.tokens)
-            im.refine_from = None if a is None else (P[i], a)
+        """Step 3 for every active image on the device, then the one read of the iteration."""
+        W, N, S = self.jacobi.window, self.N, logits.shape[1]
+        P = batch_probs(logits, self.params, self.done[:, None] + torch.arange(S, device=self.device))
+        u = None if self.u is None else self.u[:, W:]
+        a, token = accept_chains(P, self.qs[self.index, : S - 1], self.window[self.index, : S - 1], self.Ls, u,
+                                 self.params, self.table, self.rule, tried_from=torch.zeros_like(self.Ls))
+        cols = self.done[:, None] + torch.arange(S - 1, device=self.device)
+        self.buf[self.index[:, None], cols] = self.window[self.index, : S - 1]
+        self.buf[self.index, self.done + a] = token  # past the image's end when the window completed it: unread
+        self.P[self.index, :S] = P
+        for im, a_i, state in zip(images, a.tolist(), self.states):  # the iteration's one read
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(im.L)
+            done = im.n + a_i == N
+            if u is not None:  # the generator advanced by the uniforms the image used
+                im.generator.set_state(state)
+                torch.rand(min(a_i + 1, im.L) + (not done), generator=im.generator, dtype=torch.float64)
+            im.prev, im.a = im.n, a_i
+            im.n = N if done else im.n + a_i + 1
 
     def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
-        return finish(self.target, images, timer)
+        return finish(self.target, images, timer, self.buf[:, : self.N])
