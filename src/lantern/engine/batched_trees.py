@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward
-from lantern.engine.sampling import Uniforms, pick
+from lantern.engine.acceptance import AcceptRule, accept_probability, residual_rows, sibling_budget
+from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
+from lantern.engine.sampling import Uniforms, draw, pick
 from lantern.engine.trees import Draft, TreePass, _visible
 
 
@@ -120,7 +121,59 @@ class TreeRounds(DrafterRounds):
         return target_forward(target, cache_rows(images, self.B, R, device), tokens, pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
-        """The tree's accept and the commit for every active image; the cache moves of all of them at once."""
+        """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
+        Sampling under a rule of acceptance.py: every image's walk on the device at once (`walk`), one read per
+        round. Greedy, and rules with their own verification: the shape's `accept` image by image."""
+        if self.params.greedy or self.rule.impl is not None:
+            return self.commit_each(images, logits, hidden)
+        device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
+        drafts = [im.draft for im in images]
+        M, D = max(len(d.tokens) for d in drafts), max(d.drafter_passes for d in drafts) + 1
+        C = max(len(c) for d in drafts for c in d.children)
+        pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
+        X = torch.stack([pad(d.tokens) for d in drafts])
+        depth = torch.stack([pad(d.depth) for d in drafts])
+        ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
+                          for d in drafts])
+        q = None  # deterministic drafts (a dynamic tree)
+        if drafts[0].q is not None:
+            rows_q = max(d.q.shape[0] for d in drafts)
+            q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
+        kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))]
+        q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))]
+        done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
+        P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
+        ahead = Uniforms([im.generator for im in images], D * C + 1, device)
+        path, p, used = walk(P, q, X, ok, kids.view(n, M + 1, C), q_row.view(n, M + 1), ahead.u, self.table,
+                             self.rule, D)
+        a = (path >= 0).sum(-1)
+        token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
+        seq = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])  # drafts, next
+        read = torch.cat([torch.stack([a, used, depth.max(-1).values], 1), path, seq], 1).tolist()  # the one read
+        emb, at = self.drafter.embed_tokens(seq), F.pad(path + 1, (1, 0))
+        hidden = hidden.view(R, n, hidden.shape[1], -1)
+        moves, counts = [], []
+        for i, (im, r) in enumerate(zip(images, read)):
+            a_i, used_i, deepest = r[:3]
+            nodes, toks = r[3 : 3 + a_i], r[3 + D : 3 + D + a_i + 1]
+            moves += [(im.index + k * self.B, im.Q + 1 + s, im.Q + 1 + j) for k in range(R)
+                      for j, s in enumerate(nodes) if s != j]
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(deepest)
+            finished = im.n + a_i == N  # the drafts completed the image: a bonus token would lie past its end
+            counts.append(used_i + (not finished))
+            im.tokens += toks[: a_i + (not finished)]
+            im.n = len(im.tokens)
+            if not finished:
+                im.pend_emb = emb[i, : a_i + 1].expand(R, -1, -1)
+                im.pend_h = hidden[:, i, at[i, : a_i + 1]]
+                im.start, im.Q = im.Q, im.Q + a_i + 1
+        ahead.used(counts)
+        if moves:
+            self.target.keep_rows(*to_device(device, *zip(*moves)))
+
+    def commit_each(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """The shape's accept image by image (greedy; rules with their own verification)."""
         device, params, B, N = self.device, self.params, self.B, self.N
         n, R = len(images), images[0].pend_emb.shape[0]
         rows, src, dst = [], [], []
@@ -147,3 +200,52 @@ class TreeRounds(DrafterRounds):
             im.start, im.Q = im.Q, im.Q + a + 1
         if rows:
             self.target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
+
+
+def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
+         rule: AcceptRule, D: int) -> tuple[Tensor, Tensor, Tensor]:
+    """trees.accept_sampled for n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
+    [n, rows, V] the drafter rows the children were drawn from (q_row [n, 1 + M] a node's row), X [n, M] tokens, ok
+    [n, M] the children offered, kids [n, 1 + M, C] each node's children in order (-1: none), u [n, >= D C + 1]
+    each image's uniforms (a visited node takes one per offered child, as accept_sampled draws them), D the deepest
+    node. From y, each visited node's children are tried in order (acceptance.verify_candidates: accept while u <
+    min(1, p~(x) / q'(x)), residualising p and q after each rejection, siblings sharing a TV budget where the rule
+    says so). Returns (the accepted nodes [n, D], -1 past the path; the next token's distribution [n, V]; the
+    uniforms used [n], the next token's column)."""
+    n, C = X.shape[0], kids.shape[2]  # q None: deterministic drafts
+    rows = torch.arange(n, device=X.device)
+    node = torch.full((n,), -1, dtype=torch.long, device=X.device)
+    alive = torch.ones(n, dtype=torch.bool, device=X.device)
+    used = torch.zeros(n, dtype=torch.long, device=X.device)
+    path = torch.full((n, D), -1, dtype=torch.long, device=X.device)
+    p = P[:, 0]
+    shared = sibling_budget(None if q is None else q[0, 0], rule) is not None  # bounded LANTERN, q = 1 drafts
+    for step in range(D + 1):
+        cands = kids[rows, node + 1]  # [n, C]
+        offered = (cands >= 0) & ok.gather(1, cands.clamp(min=0)) & alive[:, None]
+        p = torch.where(alive[:, None], P[rows, node + 1], p)
+        qq = None if q is None else q[rows, q_row[rows, node + 1]]
+        budget = torch.full((n,), rule.delta, dtype=p.dtype, device=p.device) if shared else None
+        rank = offered.long().cumsum(-1) - 1
+        chosen = torch.full((n,), -1, dtype=torch.long, device=X.device)
+        for j in range(C):
+            live = offered[:, j] & (chosen < 0)
+            x = X.gather(1, cands[:, j : j + 1].clamp(min=0))[:, 0]
+            A, c, m = accept_probability(p, qq, x, table, rule, None if budget is None else budget[:, None])
+            take = live & (u.gather(1, (used + rank[:, j].clamp(min=0))[:, None])[:, 0] < A)
+            chosen = torch.where(take, cands[:, j], chosen)
+            rejected = live & ~take
+            if budget is not None:
+                left = p.sum(-1) - p.gather(1, x[:, None])[:, 0] - c
+                budget = torch.where(rejected, torch.where(left > 0, (budget - c).clamp(min=0) / left, 0.0), budget)
+            p = torch.where(rejected[:, None], residual_rows(p, qq, x, m, table, rule), p)
+            if qq is not None:
+                gone = qq.scatter(1, x[:, None], 0.0)
+                total = gone.sum(-1, keepdim=True)
+                qq = torch.where(rejected[:, None], torch.where(total > 0, gone / total, gone), qq)
+        used = used + offered.sum(-1)
+        alive = alive & (chosen >= 0)
+        if step < D:
+            path[:, step] = torch.where(alive, chosen, -1)
+        node = torch.where(alive, chosen, node)
+    return path, p, used

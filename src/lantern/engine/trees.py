@@ -78,6 +78,7 @@ class Draft:
     q: Tensor | None = None  # [rows, V] drafter distributions children were sampled from; None: deterministic
     q_row: list[int] | None = None  # row of q for [y, nodes]
     drafter_passes: int = 0
+    ok: Tensor | None = None  # [n] bool: a sampled child drawn from mass left in q (others are never offered)
 
     @property
     def max_depth(self) -> int:
@@ -231,12 +232,9 @@ class StaticTree(TreeShape):
             hidden, q = yield TreePass(tokens[lvl.runners], hidden[:, lvl.runner_parent_row], d, lvl.runners,
                                        lvl.runner_anc)
             qs.append(q)
-        children = shape.children
-        if sampled:  # a child past the support of q (drawn from no mass) is never offered
-            ok = ok.tolist()
-            children = [[c for c in cs if ok[c]] for cs in children]
-        return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block, children=children,
-                     q=torch.cat(qs) if sampled else None, q_row=shape.q_row, drafter_passes=len(qs) - 1)
+        return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block,
+                     children=shape.children, q=torch.cat(qs) if sampled else None, q_row=shape.q_row,
+                     drafter_passes=len(qs) - 1, ok=ok)
 
 
 def successive_draws(q: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
@@ -407,9 +405,10 @@ def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRu
                    generator: torch.Generator) -> tuple[list[int], Tensor]:
     """Walk from y: verify each node's children in order; (accepted nodes, distribution of the next token)."""
     tokens = draft.tokens.tolist()
+    ok = None if draft.ok is None else draft.ok.tolist()  # a child past the support of q is never offered
     node, path = -1, []
     while True:
-        p, cands = P[node + 1], draft.children[node + 1]
+        p, cands = P[node + 1], [c for c in draft.children[node + 1] if ok is None or ok[c]]
         if not cands:
             return path, p
         u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
