@@ -109,7 +109,8 @@ class TreeRounds(DrafterRounds):
         R, L = images[0].pend_emb.shape[0], target.cache_len
         zero = torch.zeros(1, dtype=torch.long, device=device)
         drafts: list[Draft] = [im.draft for im in images]
-        seqs = [torch.cat([torch.tensor([im.tokens[-1]], device=device), d.tokens]) for im, d in zip(images, drafts)]
+        (last,) = to_device(device, [im.tokens[-1] for im in images])
+        seqs = [torch.cat([last[i : i + 1], d.tokens]) for i, d in enumerate(drafts)]
         S = max(len(s) for s in seqs)
         tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
         pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
@@ -129,7 +130,7 @@ class TreeRounds(DrafterRounds):
         device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
         drafts = [im.draft for im in images]
         M, D = max(len(d.tokens) for d in drafts), max(d.drafter_passes for d in drafts) + 1
-        C = max(len(c) for d in drafts for c in d.children)
+        C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
         pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
         X = torch.stack([pad(d.tokens) for d in drafts])
         depth = torch.stack([pad(d.depth) for d in drafts])
@@ -139,12 +140,16 @@ class TreeRounds(DrafterRounds):
         if drafts[0].q is not None:
             rows_q = max(d.q.shape[0] for d in drafts)
             q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
-        kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))]
+        static = drafts[0].children is not None  # a static shape's children are host lists, a dynamic tree's not
+        kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))] \
+            if static else []
         q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))]
         done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
+        kids = kids.view(n, M + 1, C) if static else torch.stack(
+            [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
         P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
         ahead = Uniforms([im.generator for im in images], D * C + 1, device)
-        path, p, used = walk(P, q, X, ok, kids.view(n, M + 1, C), q_row.view(n, M + 1), ahead.u, self.table,
+        path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table,
                              self.rule, D)
         a = (path >= 0).sum(-1)
         token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])

@@ -74,11 +74,17 @@ class Draft:
     depth: Tensor  # [n], >= 1
     parent: Tensor  # [n], -1: a child of y
     block: Tensor  # [n + 1, n + 1] bool: ancestors and self over [y, nodes]
-    children: list[list[int]]  # children[i + 1] of node i (children[0]: of y), in the order they are tried
+    children: list[list[int]] | None  # children[i + 1] of node i (children[0]: of y), in the order they are tried
     q: Tensor | None = None  # [rows, V] drafter distributions children were sampled from; None: deterministic
     q_row: list[int] | None = None  # row of q for [y, nodes]
     drafter_passes: int = 0
     ok: Tensor | None = None  # [n] bool: a sampled child drawn from mass left in q (others are never offered)
+    kids: Tensor | None = None  # [n + 1, c] the children on the device, -1 padded (when `children` is None)
+
+    def child_lists(self) -> list[list[int]]:
+        if self.children is None:
+            self.children = [[c for c in row if c >= 0] for row in self.kids.tolist()]
+        return self.children
 
     @property
     def max_depth(self) -> int:
@@ -295,8 +301,9 @@ class DynamicTree(TreeShape):
         k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
         score, tok = q_root.log().topk(k)
-        c_tok, c_score, c_parent, c_depth = [tok], [score], [torch.full((k,), -1, device=device)], [1] * k
-        front, hidden = torch.arange(k, device=device), pred[:, [0] * k]
+        c_tok, c_score, c_parent = [tok], [score], [torch.full((k,), -1, device=device)]
+        c_depth = [torch.full((k,), 1, device=device)]
+        front, hidden = torch.arange(k, device=device), pred.expand(-1, k, -1)
         anc = torch.zeros(k, m, dtype=torch.bool, device=device)
         anc[:, :k] = torch.eye(k, dtype=torch.bool, device=device)
         offered = k
@@ -307,7 +314,7 @@ class DynamicTree(TreeShape):
             c_tok.append(lt.flatten())
             c_score.append(cs)
             c_parent.append(front.repeat_interleave(k))
-            c_depth += [e + 1] * (k * k)
+            c_depth.append(torch.full((k * k,), e + 1, device=device))
             if e + 1 < levels:
                 best = cs.topk(k).indices
                 par = best // k
@@ -323,16 +330,17 @@ class DynamicTree(TreeShape):
         renumber[keep] = torch.arange(n, device=device)
         up = torch.cat(c_parent)[keep]
         parent = torch.where(up >= 0, renumber[up.clamp(min=0)], up)
-        depth = torch.tensor(c_depth, device=device)[keep]
+        depth = torch.cat(c_depth)[keep]
         anc = torch.eye(n, dtype=torch.bool, device=device)
-        for d in range(2, levels + 1):
-            idx = (depth == d).nonzero().flatten()
-            anc[idx] |= anc[parent[idx]]
-        children: list[list[int]] = [[] for _ in range(n + 1)]
-        for i, p in enumerate(parent.tolist()):
-            children[p + 1].append(i)
-        return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc),
-                     children=children, drafter_passes=levels - 1)
+        for d in range(2, levels + 1):  # a level at a time: the parents' rows are complete
+            anc = torch.where((depth == d)[:, None], anc | anc[parent.clamp(min=0)], anc)
+        # children on the device, [n + 1, top_k] in node order (-1: none): no host sync per tree
+        is_child = parent[None, :] + 1 == torch.arange(n + 1, device=device)[:, None]
+        rank = torch.where(is_child, is_child.long().cumsum(1) - 1, k)
+        kids = torch.full((n + 1, k + 1), -1, dtype=torch.long, device=device)
+        kids = kids.scatter(1, rank, torch.arange(n, device=device).expand(n + 1, n).clone())[:, :k]
+        return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc), children=None,
+                     kids=kids, drafter_passes=levels - 1)
 
 
 def validate_tree_paths(paths) -> list[tuple[int, ...]]:
@@ -408,7 +416,7 @@ def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRu
     ok = None if draft.ok is None else draft.ok.tolist()  # a child past the support of q is never offered
     node, path = -1, []
     while True:
-        p, cands = P[node + 1], [c for c in draft.children[node + 1] if ok is None or ok[c]]
+        p, cands = P[node + 1], [c for c in draft.child_lists()[node + 1] if ok is None or ok[c]]
         if not cands:
             return path, p
         u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
