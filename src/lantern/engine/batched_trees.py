@@ -44,9 +44,11 @@ def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: in
 class TreeRounds(DrafterRounds):
     """Rounds of a static or dynamic draft tree (trees.TreeShape) for a batch."""
 
-    def tree_passes(self, images: list[Image], asks: list[TreePass]) -> list[tuple[Tensor, Tensor]]:
+    def tree_passes(self, images: list[Image], asks: list[TreePass], rows: Tensor | None,
+                    done: Tensor | None) -> list[tuple[Tensor, Tensor]]:
         """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden
-        [R, S_i, d], distributions [S_i, V])."""
+        [R, S_i, d], distributions [S_i, V]); rows, done [n]: the images' cache rows and tokens done on the device,
+        when they are all the round's images at one depth (None: sent)."""
         drafter, device = self.drafter, self.device
         n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
         sizes = [len(a.tokens) for a in asks]
@@ -57,10 +59,13 @@ class TreeRounds(DrafterRounds):
             [torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
             [im.Q + a.slots for im, a in zip(images, asks)],
             [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
-        out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible,
-                                   cache_rows(images, self.B, R, device))
-        index = torch.tensor([[len(im.tokens) + a.pos + 1] for im, a in zip(images, asks)], device=device)
-        q = batch_probs(drafter.head(out), self.params, index.expand(-1, S))
+        if done is None:
+            rows = cache_rows(images, self.B, R, device)
+            (index,) = to_device(device, [im.n + a.pos + 1 for im, a in zip(images, asks)])
+        else:  # every ask at the same depth
+            index = done + asks[0].pos + 1
+        out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible, rows)
+        q = batch_probs(drafter.head(out), self.params, index[:, None].expand(-1, S))
         return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
 
     def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
@@ -73,9 +78,10 @@ class TreeRounds(DrafterRounds):
         """Every active image's tree grown in its `growth`, the drafter forwards batched. Sets each image's
         `draft`."""
         n, R = len(images), images[0].pend_emb.shape[0]
-        pred = self.catch_up(images, cache_rows(images, self.B, R, self.device))
-        index = torch.tensor([[len(im.tokens)] for im in images], device=self.device)
-        q_root = batch_probs(self.drafter.head(pred.reshape(R * n, 1, -1)), self.params, index)[:, 0]
+        rows = cache_rows(images, self.B, R, self.device)
+        pred = self.catch_up(images, rows)
+        (done,) = to_device(self.device, [im.n for im in images])
+        q_root = batch_probs(self.drafter.head(pred.reshape(R * n, 1, -1)), self.params, done[:, None])[:, 0]
         growing, asks = {}, {}
 
         def advance(i: int, answer) -> None:
@@ -98,7 +104,10 @@ class TreeRounds(DrafterRounds):
             ahead.used(need)
         while asks:
             order = list(asks)
-            answers = self.tree_passes([images[i] for i in order], [asks[i] for i in order])
+            # all the round's images still grow, at one depth: their rows and counts are on the device already
+            every = len(order) == n and len({asks[i].pos for i in order}) == 1
+            answers = self.tree_passes([images[i] for i in order], [asks[i] for i in order], rows if every else None,
+                                       done if every else None)
             for i, answer in zip(order, answers):
                 advance(i, answer)
 
@@ -192,7 +201,7 @@ class TreeRounds(DrafterRounds):
                 rows += [im.index + r * B] * len(moved)
                 src += [im.Q + 1 + s for s, _ in moved]
                 dst += [im.Q + 1 + j for _, j in moved]
-            im.tokens += d.tokens_at(path)
+            im.tokens += d.tokens[path].tolist()
             im.n = len(im.tokens)
             im.stats.accepted_per_step.append(a)
             im.stats.tree_depth.append(d.max_depth)

@@ -37,23 +37,17 @@ from lantern.errors import UserError
 
 
 class Rounds(Protocol):
-    """A drafting kind's rounds over a batch (batched.ChainRounds, batched_trees.TreeRounds, jacobi.JacobiRounds)."""
+    """A drafting kind's rounds over a batch (batched.ChainRounds, batched_trees.TreeRounds, jacobi.JacobiRounds):
+    prefill (caches set up, the condition run, each image's first token drawn: the images), then per round draft,
+    verify ((logits, hidden) [R * n, S, ...] in forward layout, batched.pack) and commit (steps 1-3 for the active
+    images), and finish (caches freed; tokens [B, N] and stats per image)."""
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
-                static: bool) -> list:
-        """Caches set up, the condition run through the target, each image's first token drawn: the images."""
-
-    def draft(self, active: list) -> None:
-        """Step 1 for the active images."""
-
-    def verify(self, active: list, width: int | None) -> tuple[Tensor, Tensor]:
-        """Step 2: (logits, hidden) [R * n, S, ...] in forward layout (batched.pack)."""
-
-    def commit(self, active: list, logits: Tensor, hidden: Tensor) -> None:
-        """Step 3."""
-
-    def finish(self, images: list, timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
-        """Caches freed; (tokens [B, N], stats per image)."""
+                static: bool) -> list: ...
+    def draft(self, active: list) -> None: ...
+    def verify(self, active: list, width: int | None) -> tuple[Tensor, Tensor]: ...
+    def commit(self, active: list, logits: Tensor, hidden: Tensor) -> None: ...
+    def finish(self, images: list, timer: StepTimer) -> tuple[Tensor, list[ImageStats]]: ...
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,

@@ -46,10 +46,6 @@ class StepTimer:
             self._events = []
         return self._seconds
 
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
 
 @dataclass
 class ImageStats:

@@ -90,9 +90,6 @@ class Draft:
     def max_depth(self) -> int:
         return int(self.depth.max())
 
-    def tokens_at(self, path: list[int]) -> list[int]:
-        return self.tokens[path].tolist()
-
 
 @dataclass
 class TreePass:
