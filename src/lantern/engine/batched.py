@@ -215,14 +215,11 @@ def first_tokens(p0: Tensor, params: SamplingParams, generators: list[torch.Gene
 
 
 class ChainRounds(DrafterRounds):
-    """Rounds of gamma chain drafts (chain.py) for a batch, with a bounded number of host syncs per round: the
-    round's host integers (rows, tokens done, catch-up starts and lengths, drafts per image) go to the device in
-    one copy, the images' uniforms in another (sampling), drafts, acceptance and corrections are drawn on the
-    device for all images at once (chain.accept_chains), the tokens stay in a device buffer (self.buf [B, N + ...]),
-    and one small read per round, the accepted lengths, tells the host where every image now stands.
-    Uniforms: each image draws 2 gamma + 1 ahead per round (drafts x_1..x_g, one per tried draft, the correction
-    or bonus token) and its generator then advances by the number it used, in that order: the very draws of
-    drawing them one at a time."""
+    """Rounds of gamma chain drafts (chain.py) for a batch, three host syncs per round: the round's host integers
+    go to the device in one copy, the images' uniforms (2 gamma + 1 each, drawn ahead: drafts, tried drafts, the
+    next token; each generator then advances by what it used) in another; drafts, acceptance and next tokens are
+    drawn on the device (chain.accept_chains) into a token buffer (self.buf), and one read per round, the accepted
+    lengths, tells the host where every image stands."""
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:

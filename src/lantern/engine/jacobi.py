@@ -58,8 +58,7 @@ class Jacobi:
 
 @dataclass
 class Image:
-    """One image's Jacobi state on the host: the rest (its tokens, window and the distributions its guesses were
-    drawn from) lives on the device, in JacobiRounds' tensors."""
+    """One image's Jacobi state on the host (its tokens, window and their q live in JacobiRounds' tensors)."""
 
     index: int  # b: its cache rows are b (and b + B under CFG) in a batch (batched.cache_rows)
     generator: torch.Generator
@@ -71,14 +70,11 @@ class Image:
 
 
 class JacobiRounds:
-    """Jacobi iterations for a batch in speculative.decode's loop, a bounded number of host syncs per iteration:
-    one target forward over every active image's [y, x_1..x_L] (ragged, the layout of batched.py); the host knows
-    each image's counts (tokens done, window length, the last accepted prefix) and sends, per iteration, one copy of
-    integers (rows, counts, the fresh tokens drawn with randint) and one of uniforms (refinement draws, then the
-    acceptance block drawn ahead); refinement (step 4, at the start of the next iteration), acceptance
-    (chain.accept_chains) and the correction are drawn on the device, and one read of the accepted lengths ends the
-    iteration. Every image draws from its own generator in the order drawing one token at a time does: refinement
-    uniforms, fresh tokens, the tried drafts' uniforms, the correction's."""
+    """Jacobi iterations for a batch in speculative.decode's loop, three host syncs per iteration: one copy of
+    integers (rows, counts, the fresh tokens from randint), one of uniforms (refinement, then the acceptance block
+    drawn ahead), one read of the accepted lengths; refinement (step 4, at the next iteration's start), acceptance
+    (chain.accept_chains) and the correction are drawn on the device. Every image draws from its own generator in
+    the order of drawing one token at a time: refinement, fresh tokens, tried drafts, the correction."""
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                  B: int):
