@@ -101,13 +101,15 @@ class JacobiRounds:
         refined, fresh, us, self.states = [], [], [], []
         for im in images:
             r = 0 if im.a < 0 else max(0, min(im.L + 1, N - im.prev, im.a + 1 + min(W, N - im.n)) - im.a - 1)
-            u_ref = None if greedy else torch.rand(r, generator=im.generator, dtype=torch.float64)
+            g = im.generator  # draws on the generator's device, moved to the data device after
+            u_ref = None if greedy else torch.rand(r, generator=g, dtype=torch.float64, device=g.device)
             im.L = min(W, N - im.n)
-            fresh += [0] * r + torch.randint(self.V, (im.L - r,), generator=im.generator).tolist() + [0] * (W - im.L)
-            self.states.append(im.generator.get_state())
+            fresh += [0] * r + torch.randint(self.V, (im.L - r,), generator=g, device=g.device).tolist() + \
+                [0] * (W - im.L)
+            self.states.append(g.get_state())
             if not greedy:  # the acceptance block, drawn ahead: L tries and the correction
-                us.append(torch.cat([F.pad(u_ref, (0, W - r)), torch.rand(W + 1, generator=im.generator,
-                                                                          dtype=torch.float64)]))
+                us.append(torch.cat([F.pad(u_ref, (0, W - r)), torch.rand(W + 1, generator=g, dtype=torch.float64,
+                                                                          device=g.device)]))
             refined.append(r)
         self.u = None if greedy else torch.stack(us).to(device)  # [n, W + W + 1]
         plan = to_device(device, [im.index for im in images], [im.n for im in images], [im.L for im in images],
@@ -149,7 +151,8 @@ class JacobiRounds:
             done = im.n + a_i == N
             if u is not None:  # the generator advanced by the uniforms the image used
                 im.generator.set_state(state)
-                torch.rand(min(a_i + 1, im.L) + (not done), generator=im.generator, dtype=torch.float64)
+                torch.rand(min(a_i + 1, im.L) + (not done), generator=im.generator, dtype=torch.float64,
+                           device=im.generator.device)
             im.prev, im.a = im.n, a_i
             im.n = N if done else im.n + a_i + 1
 

@@ -15,11 +15,9 @@ decoding (the active ones):
 The rounds of each kind: batched.ChainRounds (chain.py's drafts), batched_trees.TreeRounds (trees.py's static and
 dynamic trees), jacobi.JacobiRounds. Every image draws from its own generator, so its tokens never depend on its
 batch: a batch of B gives each image the tokens it gets in a batch of 1 (exactly so in the float64 tests).
-The target's cache is indexed by position: entries past the accepted prefix are overwritten next round and a query
-never sees a key beyond its own position, so only the accepted prefix is ever read.
-tau = tokens / target forwards (prefill included): the mean accepted length counting the bonus/correction token.
-Times are the batch's wall time per section / B, as generate.generate's.
-compile=True: the verify forward through torch.compile with static shapes at the width nodes + 1 (batched.py).
+The target's cache is indexed by position: entries past the accepted prefix are overwritten next round, never read.
+tau = tokens / target forwards (prefill included); times: the batch's wall time per section / B. compile=True: the
+verify forward through torch.compile with static shapes at the width nodes + 1 (batched.py).
 """
 
 from __future__ import annotations
