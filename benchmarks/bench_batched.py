@@ -26,16 +26,15 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batched_speculative_generate
-from lantern.engine.batched_trees import batched_tree_generate
 from lantern.engine.chain import Chain
 from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import Drafter, load_drafter
 from lantern.engine.generate import generate
-from lantern.engine.jacobi import Jacobi, batched_jacobi_generate
+from lantern.engine.jacobi import Jacobi
 from lantern.engine.model import GPT, ModelArgs
 from lantern.engine.neighbours import nearest_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.speculative import decode
 from lantern.engine.trees import DynamicTree, static_tree
 
 TOY = Path("models/toy/default")
@@ -67,7 +66,6 @@ def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: Samplin
                                           "group": a.group, "gap": a.gap}))
 
     def spec(rule, drafting):
-        decode = batched_speculative_generate if isinstance(drafting, Chain) else batched_tree_generate
         return lambda cond, g: decode(target, drafter, cond, params, rule, drafting, g, table)[1]
 
     runs = {
@@ -79,9 +77,9 @@ def decoders(target: GPT, drafter: Drafter, table: torch.Tensor, params: Samplin
         "exact ne57": spec(exact, ne57),
         f"lantern++(l={a.lam:g},k={a.k}) ne57": spec(lanternpp, ne57),
         "exact dynamic": spec(exact, DynamicTree()),
-        f"sjd(w={a.window})": lambda cond, g: batched_jacobi_generate(target, cond, params, exact, jacobi, g)[1],
-        f"gsd(w={a.window},k={a.k},g={a.group},gap={a.gap:g})": lambda cond, g: batched_jacobi_generate(
-            target, cond, params, gsd, jacobi, g, table)[1],
+        f"sjd(w={a.window})": lambda cond, g: decode(target, None, cond, params, exact, jacobi, g)[1],
+        f"gsd(w={a.window},k={a.k},g={a.group},gap={a.gap:g})": lambda cond, g: decode(
+            target, None, cond, params, gsd, jacobi, g, table)[1],
     }
     if a.methods:
         unknown = [m for m in a.methods if m not in runs]

@@ -27,9 +27,8 @@ import pandas as pd
 import torch
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batched_speculative_generate
-from lantern.engine.batched_trees import batched_tree_generate
 from lantern.engine.chain import Chain
+from lantern.engine.speculative import decode
 from lantern.engine.checkpoint import load_gpt, parse_device, parse_dtype
 from lantern.engine.drafter import Drafter, load_drafter
 from lantern.engine.generate import generate
@@ -61,7 +60,6 @@ def decoders(model: GPT, drafter: Drafter, table: torch.Tensor, params: Sampling
              "lanternpp": AcceptRule("lanternpp", lam=5.0, k=50)}
 
     def spec(rule, drafting):
-        decode = batched_speculative_generate if isinstance(drafting, Chain) else batched_tree_generate
         return lambda cond, g, c: decode(model, drafter, cond, params, rules[rule], drafting, g, table, compile=c)
 
     runs = {"vanilla": lambda cond, g, c: generate(model, cond, params, g, compile=c),

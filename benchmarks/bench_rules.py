@@ -25,7 +25,7 @@ from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import load_drafter
 from lantern.engine.neighbours import load_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import speculative_decode
+from lantern.engine.speculative import decode
 
 DELTAS = (0.1, 0.2, 0.4)
 COOL = ({"scale": 2.0, "nu": 0.0, "mu": 0.0}, {"scale": 4.0, "nu": 0.5, "mu": 0.0})
@@ -74,7 +74,8 @@ def main():
 
     def recording(P, Q, X, tbl, rule, *rest):
         if len(pairs) < a.tv_positions:
-            pairs.append((P[0].double().clone(), Q[0].double().clone()))
+            first = lambda t: t.reshape(-1, t.shape[-1])[0].double().clone()  # noqa: E731 - image 0, draft 1
+            pairs.append((first(P), first(Q)))
         return record(P, Q, X, tbl, rule, *rest)
 
     rows = []
@@ -84,8 +85,8 @@ def main():
         steps, tokens, forwards, t0 = [], 0, 0, time.perf_counter()
         for i in range(a.images):
             g = image_generator(a.seed, i)
-            _, st = speculative_decode(target, drafter, torch.tensor([i % classes]), params, rule, drafting, g,
-                                       table if rule.relaxed else None)
+            _, (st,) = decode(target, drafter, torch.tensor([i % classes]), params, rule, drafting, [g],
+                              table if rule.relaxed else None)
             steps += st.accepted_per_step
             tokens, forwards = tokens + st.n_tokens, forwards + st.target_forwards
         chain_module.accept_probability = record

@@ -27,8 +27,7 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.io import atomic_path
 from lantern.engine import methods as registry
-from lantern.engine.jacobi import jacobi_decode
-from lantern.engine.speculative import speculative_decode
+from lantern.engine.speculative import decode
 
 DELTAS, KS, LAMS = (0.01, 0.05, 0.1, 0.2, 0.4), (1, 5, 10, 50), (2, 5, 10)
 # naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.engine.trees)
@@ -67,11 +66,12 @@ def decoder(m: dict, params: SamplingParams, target, drafter, table):
         return vanilla
     rule, drafting = registry.rule(m), registry.drafting(m)
     t = table if rule.relaxed else None
-    if not registry.needs_drafter(m):  # Jacobi (SJD): the target drafts for itself
-        return lambda label, g: jacobi_decode(target, torch.tensor([label], device=device), params, rule, drafting,
-                                              g, t)
-    return lambda label, g: speculative_decode(target, drafter, torch.tensor([label], device=device), params, rule,
-                                               drafting, g, t)
+    d = drafter if registry.needs_drafter(m) else None  # Jacobi (SJD): the target drafts for itself
+
+    def speculative(label, g):  # one image: a batch of one
+        tokens, stats = decode(target, d, torch.tensor([label], device=device), params, rule, drafting, [g], t)
+        return tokens[0], stats[0]
+    return speculative
 
 
 def read_table(path: str, vq: str | None, vocab: int, k: int) -> torch.Tensor:

@@ -456,3 +456,51 @@ def test_compact_int16_tables_give_the_same_answers(residual_mode):
             assert torch.equal(residual(P6, qq, x, int(m), T6, rule), residual(P6, qq, x, int(m), small, rule))
     assert torch.equal(greedy_accept(P6.expand(6, -1), torch.arange(6), small, rule),
                        greedy_accept(P6.expand(6, -1), torch.arange(6), T6, rule))
+
+
+@pytest.mark.parametrize("residual_mode", ["bounded", "reference"])
+@pytest.mark.parametrize("with_q", [True, False])
+def test_residual_rows_equal_residual_row_by_row(residual_mode, with_q):
+    """The device-side batched residual (chains accept every image at once) gives `residual`'s numbers, including
+    rows with no relaxation (m* = 0) and rows left with no mass (the fallbacks)."""
+    from lantern.engine.acceptance import residual_rows
+
+    g = torch.Generator().manual_seed(4)
+    V, n = 12, 40
+    table = torch.stack([row[row != i][:5] for i, row in enumerate(torch.stack([torch.randperm(V, generator=g)
+                                                                                 for _ in range(V)]))])
+    p = torch.rand(n, V, generator=g, dtype=torch.float64) ** 3
+    p[:, :3] = 0.0
+    p /= p.sum(-1, keepdim=True)
+    q = torch.rand(n, V, generator=g, dtype=torch.float64)
+    q /= q.sum(-1, keepdim=True)
+    q[0] = p[0] + 0.0  # max(p - q, 0) = 0 after x: the fallback
+    x = torch.randint(V, (n,), generator=g)
+    m = torch.randint(0, 4, (n,), generator=g)
+    rule = AcceptRule("lantern", delta=0.3, k=3, residual=residual_mode)
+    qq = q if with_q else None
+    got = residual_rows(p, qq, x, m, table, rule)
+    for i in range(n):
+        want = residual(p[i], None if qq is None else q[i], int(x[i]), int(m[i]), table, rule)
+        torch.testing.assert_close(got[i], want, rtol=0, atol=1e-15)
+
+
+def test_device_draws_equal_sample_index():
+    """sampling.draw (each row's uniform drawn ahead, Uniforms, then one draw on the device for all rows) picks
+    sample_index's token for every row, zero-mass codes included; Uniforms.used leaves each generator where
+    drawing one at a time leaves it."""
+    from lantern.engine.sampling import Uniforms, draw
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.rand(300, 9, generator=g) ** 4
+    probs[:, [0, 4, 8]] = 0.0
+    gens = [torch.Generator().manual_seed(i) for i in range(300)]
+    ahead = Uniforms(gens, 5, "cpu")
+    got = draw(probs, ahead.u[:, 0])
+    ahead.used([1] * 300)
+    want = [sample_index(row, torch.Generator().manual_seed(i)) for i, row in enumerate(probs)]
+    assert got.tolist() == want
+    fresh = [torch.Generator().manual_seed(i) for i in range(3)]
+    for f in fresh:
+        torch.rand((), generator=f, dtype=torch.float64)
+    assert all(torch.equal(gen.get_state(), f.get_state()) for gen, f in zip(gens, fresh))

@@ -1,5 +1,5 @@
-"""Batched chain speculative decoding (engine/batched.py): every image decodes as it would alone (same tokens, rounds
-and stats as speculative.generate, one image at a time), per-row positions in the model, and exactness in
+"""Batched chain speculative decoding (speculative.decode, engine/batched.py): every image decodes as it would alone
+(same tokens, rounds and stats as in a batch of one), per-row positions in the model, and exactness in
 distribution."""
 import copy
 
@@ -8,14 +8,13 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batched_speculative_generate
 from lantern.engine.chain import Chain
 from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
 from lantern.engine.model import causal_mask
 from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import generate as spec_generate
+from lantern.engine.speculative import decode
 from lantern.errors import UserError
-from tiny import assert_same_decodes, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, one_by_one, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,10 +38,8 @@ def f64(trained):
 def check_same(target, drafter, cond, params, rule, gamma=4, cond_mask=None, seed=0):
     """Batched == one by one: tokens, rounds and stats of every image; returns the batched stats."""
     B = cond.shape[0]
-    want, want_stats = spec_generate(target, drafter, cond, params, rule, Chain(gamma), gens(B, seed), TABLE,
-                                     cond_mask)
-    got, stats = batched_speculative_generate(target, drafter, cond, params, rule, Chain(gamma), gens(B, seed), TABLE,
-                                              cond_mask)
+    want, want_stats = one_by_one(target, drafter, cond, params, rule, Chain(gamma), gens(B, seed), TABLE, cond_mask)
+    got, stats = decode(target, drafter, cond, params, rule, Chain(gamma), gens(B, seed), TABLE, cond_mask)
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     return stats
 
@@ -131,7 +128,7 @@ def test_batched_exact_sampling_reproduces_the_target_distribution():
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for first in range(0, n, B):
-        tokens, stats = batched_speculative_generate(target, drafter, torch.ones(B, dtype=torch.long), params,
+        tokens, stats = decode(target, drafter, torch.ones(B, dtype=torch.long), params,
                                                      AcceptRule(), Chain(3),
                                                      [image_generator(12, i) for i in range(first, first + B)])
         for t, s in zip(tokens.tolist(), stats):
@@ -145,7 +142,7 @@ def test_batched_exact_sampling_reproduces_the_target_distribution():
 def test_bad_calls(f64):
     target, drafter = f64
     with pytest.raises(ValueError, match="one generator per image"):
-        batched_speculative_generate(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), Chain(4), gens(2))
+        decode(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), Chain(4), gens(2))
     with pytest.raises(UserError, match="neighbour table"):
-        batched_speculative_generate(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"], Chain(4),
+        decode(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"], Chain(4),
                                      gens(2))

@@ -1,15 +1,16 @@
-"""Batched speculative Jacobi decoding (engine/jacobi.py, batched_jacobi_generate): every image decodes as it would
-alone (same tokens, iterations and stats as jacobi_decode, one image at a time), and exactness in distribution."""
+"""Batched speculative Jacobi decoding (engine/jacobi.py, speculative.decode): every image decodes as it
+would alone (same tokens, iterations and stats as in a batch of one), and exactness in distribution."""
 import pytest
 import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.jacobi import Jacobi, batched_jacobi_generate, jacobi_decode
+from lantern.engine.jacobi import Jacobi
+from lantern.engine.speculative import decode
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.errors import UserError
 from test_batched import TABLE
-from tiny import assert_same_decodes, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target
+from tiny import assert_same_decodes, one_by_one, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
@@ -29,10 +30,9 @@ def f64():
 def check_same(target, cond, params, rule, window, cond_mask=None, seed=0):
     """Batched == one by one: tokens, iterations and stats of every image; returns the batched stats."""
     B = cond.shape[0]
-    want = [jacobi_decode(target, cond[i : i + 1], params, rule, Jacobi(window), g, TABLE,
-                          None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(gens(B, seed))]
-    got, stats = batched_jacobi_generate(target, cond, params, rule, Jacobi(window), gens(B, seed), TABLE, cond_mask)
-    assert_same_decodes(got, stats, torch.stack([t for t, _ in want]), [w for _, w in want], target.args.image_tokens)
+    want, want_stats = one_by_one(target, None, cond, params, rule, Jacobi(window), gens(B, seed), TABLE, cond_mask)
+    got, stats = decode(target, None, cond, params, rule, Jacobi(window), gens(B, seed), TABLE, cond_mask)
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     return stats
 
 
@@ -76,7 +76,7 @@ def test_batched_exact_sampling_reproduces_the_target_distribution(cfg, top_k, w
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for first in range(0, n, B):
-        tokens, stats = batched_jacobi_generate(target, torch.ones(B, dtype=torch.long), params, AcceptRule(),
+        tokens, stats = decode(target, None, torch.ones(B, dtype=torch.long), params, AcceptRule(),
                                                 Jacobi(window), [image_generator(13, i) for i in range(first, first + B)])
         for t, s in zip(tokens.tolist(), stats):
             counts[index[tuple(t)]] += 1
@@ -88,6 +88,6 @@ def test_batched_exact_sampling_reproduces_the_target_distribution(cfg, top_k, w
 
 def test_bad_calls(f64):
     with pytest.raises(ValueError, match="one generator per image"):
-        batched_jacobi_generate(f64, torch.arange(3), SamplingParams(), AcceptRule(), Jacobi(4), gens(2))
+        decode(f64, None, torch.arange(3), SamplingParams(), AcceptRule(), Jacobi(4), gens(2))
     with pytest.raises(UserError, match="neighbour table"):
-        batched_jacobi_generate(f64, torch.arange(2), SamplingParams(), RULES["gsd"], Jacobi(4), gens(2))
+        decode(f64, None, torch.arange(2), SamplingParams(), RULES["gsd"], Jacobi(4), gens(2))

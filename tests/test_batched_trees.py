@@ -1,5 +1,5 @@
 """Batched draft-tree speculative decoding (engine/batched_trees.py): static and dynamic trees decode every image as
-speculative.generate does one image at a time (same tokens, rounds and stats; float64), and batched exact static
+a batch of one does (same tokens, rounds and stats; float64), and batched exact static
 trees sample the target's distribution."""
 import copy
 
@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched_trees import batched_tree_generate
 from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
 from lantern.engine.model import KVCache
 from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import generate as spec_generate
+from lantern.engine.speculative import decode
 from lantern.engine.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
 from test_batched import RULES, TABLE
-from tiny import assert_same_decodes, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, one_by_one, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,9 +37,8 @@ def f64(trained):
 def check_same(target, drafter, cond, params, rule, tree, cond_mask=None, seed=0):
     """Batched == one by one: tokens, rounds and stats of every image; returns the batched stats."""
     B = cond.shape[0]
-    want, want_stats = spec_generate(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE, cond_mask)
-    got, stats = batched_tree_generate(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE,
-                                              cond_mask)
+    want, want_stats = one_by_one(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE, cond_mask)
+    got, stats = decode(target, drafter, cond, params, rule, tree, gens(B, seed), TABLE, cond_mask)
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     return stats
 
@@ -112,7 +110,7 @@ def test_batched_exact_static_tree_sampling_reproduces_the_target_distribution()
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for first in range(0, n, B):
-        tokens, stats = batched_tree_generate(target, drafter, torch.ones(B, dtype=torch.long), params,
+        tokens, stats = decode(target, drafter, torch.ones(B, dtype=torch.long), params,
                                                      AcceptRule(), tree,
                                                      [image_generator(13, i) for i in range(first, first + B)])
         for t, s in zip(tokens.tolist(), stats):
@@ -126,11 +124,11 @@ def test_batched_exact_static_tree_sampling_reproduces_the_target_distribution()
 def test_bad_calls(f64):
     target, drafter = f64
     with pytest.raises(ValueError, match="one generator per image"):
-        batched_tree_generate(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), TREES["small"],
+        decode(target, drafter, torch.arange(3), SamplingParams(), AcceptRule(), TREES["small"],
                                      gens(2))
     with pytest.raises(UserError, match="neighbour table"):
-        batched_tree_generate(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"],
+        decode(target, drafter, torch.arange(2), SamplingParams(), RULES["lantern"],
                                      TREES["dynamic"], gens(2))
     with pytest.raises(UserError, match="beyond the vocabulary"):
-        batched_tree_generate(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
+        decode(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
                                      DynamicTree(top_k=17), gens(2))

@@ -1,23 +1,18 @@
 """The speculative verify step with static shapes (batched.target_forward, compile=True): every batched decoder at a
 fixed width over every image's rows gives the tokens of one-by-one decoding, eager (the padding alone, float64) and
 through torch.compile (inductor on CPU), and one graph serves every round of every batch of a shape."""
-import dataclasses
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from lantern.engine import batched, compiled, methods
-from lantern.engine.batched import batched_speculative_generate
-from lantern.engine.batched_trees import batched_tree_generate
+from lantern.engine import batched, compiled
 from lantern.engine.chain import Chain
-from lantern.engine.jacobi import Jacobi, batched_jacobi_generate, jacobi_decode
+from lantern.engine.jacobi import Jacobi
 from lantern.engine.sampling import SamplingParams
-from lantern.engine.speculative import generate as spec_generate
-from lantern.errors import UserError
+from lantern.engine.speculative import decode
 from test_batched import RULES, TABLE
 from test_batched_trees import TREES, f64  # noqa: F401 (fixture)
-from tiny import assert_same_decodes, gens, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import assert_same_decodes, gens, one_by_one as by_one, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,20 +26,11 @@ def static_eager(monkeypatch):
 
 
 def one_by_one(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
-    B = cond.shape[0]
-    if isinstance(kind, Jacobi):
-        out = [jacobi_decode(target, cond[i : i + 1], params, rule, kind, g, TABLE,
-                             None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(gens(B, seed))]
-        return torch.stack([t for t, _ in out]), [s for _, s in out]
-    return spec_generate(target, drafter, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask)
+    return by_one(target, drafter, cond, params, rule, kind, gens(cond.shape[0], seed), TABLE, cond_mask)
 
 
 def static(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
-    B = cond.shape[0]
-    if isinstance(kind, Jacobi):
-        return batched_jacobi_generate(target, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask, compile=True)
-    decode = batched_speculative_generate if isinstance(kind, Chain) else batched_tree_generate
-    return decode(target, drafter, cond, params, rule, kind, gens(B, seed), TABLE, cond_mask, compile=True)
+    return decode(target, drafter, cond, params, rule, kind, gens(cond.shape[0], seed), TABLE, cond_mask, compile=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -83,19 +69,11 @@ def test_static_width_t2i_ragged_caption_masks(static_eager):
 def test_width_beyond_budget_is_refused(f64):
     target, drafter = f64
     target.setup_cache(2, extra=1)
-    im = batched.Image(0, None, [0], 1, 0, None, None, None)
     x = torch.zeros(2, 4, dtype=torch.long)
-    pos, slots, visible = batched.ragged([1], [4], 2, target.cache_len, "cpu")
+    pos, slots, visible = batched.ragged(torch.tensor([1]), torch.tensor([4]), 4, 2, target.cache_len)
     with pytest.raises(ValueError, match="exceeds the static width 3"):
-        batched.target_forward(target, [im], 1, x, pos, slots, visible, width=3)
+        batched.target_forward(target, None, x, pos, slots, visible, width=3)
     target.clear_cache()
-
-
-def test_compile_needs_a_batched_decoder(monkeypatch, trained):
-    spec = methods.normalize({"name": "exact", "drafting": "chain", "gamma": 2})
-    monkeypatch.setitem(methods.DRAFTINGS, "chain", dataclasses.replace(methods.DRAFTINGS["chain"], batched=""))
-    with pytest.raises(UserError, match="compile: true needs a batched decoder"):
-        methods.build_decoder(spec, SamplingParams(), trained[0], "unused.pt", None, None, "cpu", compile=True)
 
 
 @pytest.mark.parametrize("kind", ["chain", "twin_chain_8", "jacobi"])
@@ -108,11 +86,8 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
     cond = torch.tensor([0, 3, 1])
     before = counters["stats"]["unique_graphs"]
     for seed in (0, 1):
-        if isinstance(k, Jacobi):
-            want, want_stats = batched_jacobi_generate(target, cond, params, rule, k, gens(3, seed), TABLE)
-        else:
-            decode = batched_speculative_generate if isinstance(k, Chain) else batched_tree_generate
-            want, want_stats = decode(target, drafter, cond, params, rule, k, gens(3, seed), TABLE)
+        d = None if isinstance(k, Jacobi) else drafter
+        want, want_stats = decode(target, d, cond, params, rule, k, gens(3, seed), TABLE)
         got, stats = static(target, drafter, cond, params, rule, k, seed)
         assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
         if seed == 0:

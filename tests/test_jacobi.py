@@ -9,18 +9,17 @@ import torch
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.generate import generate
-from lantern.engine.jacobi import Jacobi, jacobi_decode
+from lantern.engine.jacobi import Jacobi
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.errors import UserError
 from lantern.pipeline.sample import main as sample
-from tiny import chi_square_pvalue, exact_joint, gens, one_thread, save_world, tiny_target  # noqa: F401 (fixtures)
+from tiny import chi_square_pvalue, decode_one, one_by_one, exact_joint, gens, one_thread, save_world, tiny_target  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def decode_all(target, cond, params, rule, jacobi, generators, table=None):
-    out = [jacobi_decode(target, cond[i : i + 1], params, rule, jacobi, g, table) for i, g in enumerate(generators)]
-    return torch.stack([t for t, _ in out]), [s for _, s in out]
+    return one_by_one(target, None, cond, params, rule, jacobi, generators, table)
 
 
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
@@ -44,7 +43,7 @@ def test_greedy_jacobi_equals_greedy_ar_t2i():
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
     for i, g in enumerate(gens(2)):
-        tokens, _ = jacobi_decode(target, cond[i : i + 1], params, AcceptRule(), Jacobi(4), g, None, mask[i : i + 1])
+        tokens, _ = decode_one(target, None, cond[i : i + 1], params, AcceptRule(), Jacobi(4), g, None, mask[i : i + 1])
         assert torch.equal(tokens, ar[i])
 
 
@@ -59,7 +58,7 @@ def test_jacobi_sampling_reproduces_the_target_distribution(cfg, top_k, window, 
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for i in range(n):
-        tokens, s = jacobi_decode(target, torch.tensor([1]), params, AcceptRule(), Jacobi(window), image_generator(11, i))
+        tokens, s = decode_one(target, None, torch.tensor([1]), params, AcceptRule(), Jacobi(window), image_generator(11, i))
         counts[index[tuple(tokens.tolist())]] += 1
         accepted += s.accepted_total
         rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
@@ -70,7 +69,7 @@ def test_jacobi_sampling_reproduces_the_target_distribution(cfg, top_k, window, 
 def test_stats_account_for_every_token():
     target = tiny_target()
     for window in (2, 5):
-        tokens, s = jacobi_decode(target, torch.tensor([1]), SamplingParams(cfg_scale=2.0), AcceptRule(),
+        tokens, s = decode_one(target, None, torch.tensor([1]), SamplingParams(cfg_scale=2.0), AcceptRule(),
                                   Jacobi(window), gens(1)[0])
         assert tokens.shape == (16,) and s.drafter_forwards == 0
         assert s.target_forwards == 1 + len(s.accepted_per_step) and s.accepted_total == sum(s.accepted_per_step)

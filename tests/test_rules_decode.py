@@ -10,9 +10,8 @@ from lantern.engine.acceptance import AcceptRule
 from lantern.engine.peers import CoolRule, GroupRule
 from lantern.engine.retarget import RetargetRule
 from lantern.engine.sampling import SamplingParams
-from lantern.engine.speculative import speculative_decode
 from test_acceptance import rand_table
-from tiny import gens, one_thread, trained  # noqa: F401 (fixtures)
+from tiny import decode_one, gens, one_thread, trained  # noqa: F401 (fixtures)
 
 OFF = {
     "lanterntv": AcceptRule("lanterntv", k=3, impl=RetargetRule(0.0, 3)),
@@ -28,7 +27,7 @@ def decode(trained, rule, drafting, params, n=3):
     draft = methods.drafting({"name": "exact", **DRAFTS[drafting]})
     out = []
     for i, g in enumerate(gens(n, seed=5)):
-        tokens, stats = speculative_decode(target, drafter, torch.tensor([i % 4]), params, rule, draft, g, table)
+        tokens, stats = decode_one(target, drafter, torch.tensor([i % 4]), params, rule, draft, g, table)
         out.append((tokens.tolist(), stats))
     return out
 

@@ -8,8 +8,8 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine import methods
 from lantern.engine.chain import Chain
-from lantern.engine.speculative import generate as spec_generate, speculative_decode
-from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from lantern.engine.speculative import decode
+from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,7 +22,7 @@ def test_greedy_speculative_equals_greedy_ar(trained, cfg):
     ar, _ = generate(target, cond, params, gens(4))
     accepted = 0
     for gamma in (1, 3, 6):
-        sd, stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(gamma), gens(4))
+        sd, stats = decode(target, drafter, cond, params, AcceptRule(), Chain(gamma), gens(4))
         assert torch.equal(sd, ar)
         accepted += sum(s.accepted_total for s in stats)
     assert accepted > 20  # the accepted-prefix and bonus paths were exercised, not only corrections
@@ -35,7 +35,7 @@ def test_greedy_speculative_equals_greedy_ar_t2i():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
-    sd, _ = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(3), gens(2), cond_mask=mask)
+    sd, _ = decode(target, drafter, cond, params, AcceptRule(), Chain(3), gens(2), cond_mask=mask)
     assert torch.equal(sd, ar)
 
 
@@ -43,7 +43,7 @@ def test_stats_account_for_every_token(trained):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0)
     for gamma in (2, 5):
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(gamma), gens(1)[0])
+        tokens, s = decode_one(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(gamma), gens(1)[0])
         assert tokens.shape == (16,) and s.n_tokens == 16
         assert s.target_forwards == 1 + len(s.accepted_per_step)
         assert s.accepted_total == sum(s.accepted_per_step)
@@ -69,7 +69,7 @@ def test_exact_sampling_reproduces_the_target_distribution(V, top_k, n):
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for i in range(n):
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(3),
+        tokens, s = decode_one(target, drafter, torch.tensor([1]), params, AcceptRule(), Chain(3),
                                        image_generator(11, i))
         counts[index[tuple(tokens.tolist())]] += 1
         accepted += s.accepted_total
@@ -84,10 +84,10 @@ def test_degenerate_relaxations_equal_exact(trained, greedy):
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     table = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 16)]) for i in range(16)])
     cond = torch.arange(3)
-    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(4), gens(3))
+    want, want_stats = decode(target, drafter, cond, params, AcceptRule(), Chain(4), gens(3))
     for rule in (AcceptRule("lantern", delta=0.0, k=5), AcceptRule("lantern", delta=0.3, k=0),
                  AcceptRule("lanternpp", lam=1.0, k=5)):
-        got, stats = spec_generate(target, drafter, cond, params, rule, Chain(4), gens(3), table=table)
+        got, stats = decode(target, drafter, cond, params, rule, Chain(4), gens(3), table=table)
         assert torch.equal(got, want)
         assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
 
@@ -98,11 +98,11 @@ def test_relaxation_lengthens_accepted_runs(trained, greedy):
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
     cond = torch.arange(4).repeat(2)
-    _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(4), gens(8))
+    _, exact = decode(target, drafter, cond, params, AcceptRule(), Chain(4), gens(8))
     tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
     for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lantern", delta=0.4, k=14, residual="reference"),
                  AcceptRule("lanternpp", lam=20.0, k=15)):
-        tokens, relaxed = spec_generate(target, drafter, cond, params, rule, Chain(4), gens(8), table=table)
+        tokens, relaxed = decode(target, drafter, cond, params, rule, Chain(4), gens(8), table=table)
         assert tokens.shape == (8, 16) and tokens.min() >= 0 and tokens.max() < 16
         assert tau(relaxed) > tau(exact)
 
@@ -110,7 +110,7 @@ def test_relaxation_lengthens_accepted_runs(trained, greedy):
 def test_relaxed_rule_needs_a_table(trained):
     target, drafter = trained
     with pytest.raises(UserError, match="neighbour table"):
-        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lantern", delta=0.1, k=3),
+        decode_one(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lantern", delta=0.1, k=3),
                            Chain(4), gens(1)[0])
     with pytest.raises(UserError, match="gamma"):
         Chain(0)

@@ -8,12 +8,15 @@ from lantern.engine.generate import decode_one_token, generate, prefill
 from lantern.engine.sampling import SamplingParams, image_generator, row_probs
 from lantern.engine.chain import Chain
 from lantern.engine.methods import drafting, normalize
-from lantern.engine.speculative import generate as spec_generate, speculative_decode
+from lantern.engine.speculative import decode
 from lantern.pipeline.tables import accepted_mask
 from lantern.engine.trees import (
-    Draft, DynamicTree, StaticTree, static_tree, validate_tree_paths, verify_tree,
+    Draft, DynamicTree, StaticTree, static_tree, validate_tree_paths,
 )
-from tiny import chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from lantern.engine.batched import SCRATCH, Image
+from lantern.engine.batched_trees import TreeRounds
+from lantern.engine.stats import ImageStats
+from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,7 +111,7 @@ def test_greedy_tree_decoding_equals_greedy_ar(trained, cfg):
     cond = torch.arange(4)
     ar, _ = generate(target, cond, params, gens(4))
     for name, tree in TREES.items():
-        out, stats = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(4))
+        out, stats = decode(target, drafter, cond, params, AcceptRule(), tree, gens(4))
         assert torch.equal(out, ar), name
         assert sum(s.accepted_total for s in stats) > 20  # long accepted paths were exercised, not only corrections
 
@@ -121,7 +124,7 @@ def test_greedy_tree_equals_ar_t2i_with_padding():
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     ar, _ = generate(target, cond, params, gens(2), cond_mask=mask)
     for tree in (TREES["static"], TREES["small-dynamic"]):
-        out, _ = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(2), cond_mask=mask)
+        out, _ = decode(target, drafter, cond, params, AcceptRule(), tree, gens(2), cond_mask=mask)
         assert torch.equal(out, ar)
 
 
@@ -129,8 +132,8 @@ def test_chain_shaped_tree_is_chain_sd(trained):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0, greedy=True)
     cond = torch.arange(4)
-    want, want_stats = spec_generate(target, drafter, cond, params, AcceptRule(), Chain(3), gens(4))
-    got, stats = spec_generate(target, drafter, cond, params, AcceptRule(), static_tree("chain", 3), gens(4))
+    want, want_stats = decode(target, drafter, cond, params, AcceptRule(), Chain(3), gens(4))
+    got, stats = decode(target, drafter, cond, params, AcceptRule(), static_tree("chain", 3), gens(4))
     assert torch.equal(got, want)
     assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]
     assert all(s.drafter_forwards == w.drafter_forwards for s, w in zip(stats, want_stats))
@@ -141,7 +144,7 @@ def test_stats_rows(trained, greedy):
     target, drafter = trained
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     for tree in TREES.values():
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, gens(1)[0])
+        tokens, s = decode_one(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, gens(1)[0])
         assert tokens.shape == (16,) and s.target_forwards == 1 + len(s.accepted_per_step)
         assert s.accepted_total == sum(s.accepted_per_step)
         assert all(a <= d <= 5 for a, d in zip(s.accepted_per_step, s.tree_depth))
@@ -159,9 +162,9 @@ def test_relaxation_deepens_trees(trained, greedy):
     cond = torch.arange(4).repeat(2)
     tau = lambda stats: sum(s.tau for s in stats) / len(stats)  # noqa: E731
     for tree in (TREES["static"], TREES["dynamic"]):
-        _, exact = spec_generate(target, drafter, cond, params, AcceptRule(), tree, gens(8))
+        _, exact = decode(target, drafter, cond, params, AcceptRule(), tree, gens(8))
         for rule in (AcceptRule("lantern", delta=0.4, k=15), AcceptRule("lanternpp", lam=20.0, k=15)):
-            tokens, relaxed = spec_generate(target, drafter, cond, params, rule, tree, gens(8), table=table)
+            tokens, relaxed = decode(target, drafter, cond, params, rule, tree, gens(8), table=table)
             assert tokens.min() >= 0 and tokens.max() < 16
             assert tau(relaxed) > tau(exact)
 
@@ -169,11 +172,11 @@ def test_relaxation_deepens_trees(trained, greedy):
 def test_relaxed_tree_needs_a_table(trained):
     target, drafter = trained
     with pytest.raises(UserError, match="neighbour table"):
-        speculative_decode(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
+        decode_one(target, drafter, torch.tensor([0]), SamplingParams(), AcceptRule("lanternpp", lam=2.0, k=3),
                            TREES["static"], gens(1)[0])
     small = tiny_target(vocab_size=4, image_tokens=4)
     with pytest.raises(UserError, match="beyond the vocabulary"):
-        speculative_decode(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
+        decode_one(small, Drafter.from_target(small), torch.tensor([0]), SamplingParams(), AcceptRule(),
                            TREES["static"], gens(1)[0])
 
 
@@ -203,8 +206,9 @@ def test_tree_verification_and_compaction_match_full_forward(trained):
     prefill(target, rows)
     for i, t in enumerate(prefix[:-1]):
         decode_one_token(target, torch.tensor([t, t]), T + i)
-    draft = Draft(tokens, tree.depths, tree.parent, tree.block, tree.children)
-    logits, _ = verify_tree(target, prefix[-1], draft, Q)
+    im = Image(0, None, prefix, Q, 0, torch.zeros(2, 1, 1), None, ImageStats(n_tokens=16, target_forwards=1))
+    im.draft = Draft(tokens, tree.depths, tree.parent, tree.block, tree.children)
+    logits, _ = TreeRounds(target, None, tree, SamplingParams(), AcceptRule(), None, 1).verify([im], None)
     for i in range(tree.n + 1):
         torch.testing.assert_close(logits[:, i], want[i], atol=1e-4, rtol=1e-4)
     # accept a depth-4 path, compact it, continue: the cache is the one sequential decoding builds
@@ -223,6 +227,17 @@ def test_tree_verification_and_compaction_match_full_forward(trained):
     target.clear_cache()
 
 
+def grow_one(target, drafter, tree, params, x, h, prefix, generator):
+    """The tree batched_trees.TreeRounds grows for one image after `prefix`, its drafter catching up on the target's
+    inputs and hidden states (x, h)."""
+    im = Image(0, generator, prefix.tolist(), target.args.cls_token_num + len(prefix) - 1, 0, x[:, 1:], h[:, :-1],
+               ImageStats(n_tokens=target.args.image_tokens, target_forwards=1))
+    drafter.setup_cache(2, extra=tree.drafter_extra + SCRATCH)
+    TreeRounds(target, drafter, tree, params, AcceptRule(), None, 1).draft([im])
+    drafter.clear_cache()
+    return im.draft
+
+
 @torch.no_grad()
 def test_drafter_tree_passes_match_uncached_drafter(trained):
     """Each drafted node's drafter distribution equals an uncached drafter pass along its path."""
@@ -230,13 +245,10 @@ def test_drafter_tree_passes_match_uncached_drafter(trained):
     tree, params = TREES["static"], SamplingParams(cfg_scale=2.0)
     rows = torch.tensor([2, 4])
     prefix = torch.randint(0, 16, (4,), generator=torch.Generator().manual_seed(5))
-    Q, n_done = 1 + 4 - 1, 4
+    n_done = 4
     x, h, _ = target_states(target, rows, prefix.expand(2, -1))
-    drafter.setup_cache(2, extra=tree.drafter_extra)
-    pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
-    q_root = row_probs(drafter.head(pred), params, n_done)[0]
-    draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator().manual_seed(0))
-    drafter.clear_cache()
+    pred = drafter(x[:, 1:], h[:, :-1])[:, -1:]
+    draft = grow_one(target, drafter, tree, params, x, h, prefix, torch.Generator().manual_seed(0))
     assert draft.drafter_passes == 4
     for i in [i for i in range(tree.n) if tree.children[i + 1]]:
         path = tree.anc[i].nonzero().flatten()
@@ -273,7 +285,7 @@ def test_exact_tree_sampling_reproduces_the_target_distribution(kind, n):
     counts = torch.zeros(len(seqs), dtype=torch.float64)
     accepted = rejected = 0
     for i in range(n):
-        tokens, s = speculative_decode(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, image_generator(11, i))
+        tokens, s = decode_one(target, drafter, torch.tensor([1]), params, AcceptRule(), tree, image_generator(11, i))
         counts[index[tuple(tokens.tolist())]] += 1
         accepted += s.accepted_total
         rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
@@ -319,7 +331,7 @@ def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
     assert max(tvs) <= delta + 1e-9 and max(tvs) > 0.1  # bounded, and the relaxation really moved mass
     counts = torch.zeros(V, V, dtype=torch.float64)
     for i in range(n):
-        tokens, _ = speculative_decode(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
+        tokens, _ = decode_one(target, drafter, torch.tensor([1]), params, rule, tree, image_generator(5, i), table)
         counts[tokens[0], tokens[1]] += 1
     assert counts[expected == 0].sum() == 0  # e.g. the aggregated neighbours of a rejected draft
     assert chi_square_pvalue(expected.flatten(), counts.flatten(), n) > 1e-3
@@ -357,13 +369,10 @@ def test_dynamic_tree_is_eagle2_selection(trained):
     tree, params = DynamicTree(total_tokens=12, depth=3, top_k=3), SamplingParams(cfg_scale=2.0, greedy=True)
     rows = torch.tensor([3, 4])
     prefix = torch.randint(0, 16, (5,), generator=torch.Generator().manual_seed(2))
-    Q, n_done = 5, 5
+    n_done = 5
     x, h, _ = target_states(target, rows, prefix.expand(2, -1))
-    drafter.setup_cache(2, extra=tree.drafter_extra)
-    pred = drafter.step(x[:, 1:], h[:, :-1], 0)[:, -1:]
-    q_root = row_probs(drafter.head(pred), params, n_done)[0]
-    draft = tree.grow(drafter, pred, q_root, params, Q, n_done, 16, torch.Generator())
-    drafter.clear_cache()
+    pred = drafter(x[:, 1:], h[:, :-1])[:, -1:]
+    draft = grow_one(target, drafter, tree, params, x, h, prefix, torch.Generator())
 
     def logq(path):  # the drafter's log-distribution after the token path, by uncached passes
         emb, hid, p = x[:, 1:], h[:, :-1], pred

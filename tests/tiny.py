@@ -112,3 +112,19 @@ def trained(one_thread):
     tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
     drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3))
     return target, drafter
+
+
+def decode_one(target, drafter, cond, params, rule, drafting, generator, table=None, cond_mask=None):
+    """One image (cond [1] or [1, T, C]) through speculative.decode as a batch of one: (tokens [N], stats)."""
+    from lantern.engine.speculative import decode
+
+    tokens, (stats,) = decode(target, drafter, cond, params, rule, drafting, [generator], table, cond_mask)
+    return tokens[0], stats
+
+
+def one_by_one(target, drafter, cond, params, rule, drafting, generators, table=None, cond_mask=None):
+    """Each image of a batch decoded as a batch of one (the reference of "a batch of B gives each image the tokens it
+    gets alone"): (tokens [B, N], stats)."""
+    out = [decode_one(target, drafter, cond[i : i + 1], params, rule, drafting, g, table,
+                      None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(generators)]
+    return torch.stack([t for t, _ in out]), [s for _, s in out]

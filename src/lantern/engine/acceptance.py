@@ -174,6 +174,30 @@ def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, 
     return r / total if total > 0 else p / p.sum()  # only through rounding: exact arithmetic leaves mass
 
 
+def residual_rows(p: Tensor, q: Tensor | None, x: Tensor, m: Tensor, table: Tensor | None, rule: AcceptRule) -> Tensor:
+    """`residual` (and `reference_residual`) for many rows at once, on the device and without a host sync: p, q
+    [n, V] (q None: deterministic drafts), the rejected drafts x [n] and their m* [n]. Rules with their own
+    verification (rule.impl) have no batched residual: callers take `residual` row by row for them."""
+    r = p.clone() if q is None else (p - q).clamp(min=0.0)
+    if rule.residual == "reference":
+        fallback = torch.full_like(p, 1.0 / p.shape[-1])
+        width, keep = rule.k + 1, lambda cols: (m > 0)[:, None].expand_as(cols)  # noqa: E731
+    else:
+        fallback = p / p.sum(-1, keepdim=True)
+        width, keep = rule.k, lambda cols: cols < m[:, None]  # noqa: E731
+    if rule.relaxed and width:
+        nb = table[x, :width].long()
+        hit = keep(torch.arange(width, device=p.device).expand_as(nb))
+        if rule.residual == "reference" and q is not None:  # the neighbours leave q, not p
+            q = q.scatter(-1, nb, torch.where(hit, 0.0, q.gather(-1, nb)))
+            r = (p - q).clamp(min=0.0)
+        else:
+            r = r.scatter(-1, nb, torch.where(hit, 0.0, r.gather(-1, nb)))
+    r = r.scatter(-1, x[:, None], 0.0)
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total, fallback)
+
+
 def reference_residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
     """The authors' residual after rejecting x (jadohu/LANTERN models/ea_model_llamagen.py, "Initial Release").
 

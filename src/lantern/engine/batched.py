@@ -1,20 +1,15 @@
-"""Batched chain speculative decoding: B images advance together, each at its own pace (ragged acceptance).
-Draft trees (static, dynamic) take the same loop with tree rounds in batched_trees.py, built on this module's
-pieces (prefill, catch_up, finish); the registry routes each drafting kind to its batched decoder.
+"""The batch machinery of speculative.decode (ragged rows, packing, the verify forward, prefill, the drafter's
+catch-up) and the rounds of chain drafts (ChainRounds: chain.py's drafts for every image at once).
 
-Every image keeps exactly the state `speculative.speculative_decode` keeps for it alone (its tokens, the target
-position Q of its newest token y, the drafter's pending catch-up inputs from drafter position `start`) and draws
-from its own generator in the same order (first token, drafts, acceptance uniforms, correction or bonus token), so
-its tokens never depend on the batch: batched and one-by-one decoding agree token for token (up to the rounding
-of batched matmuls; exactly so in the float64 tests).
-
-One round over the images still decoding (the active ones):
+Every image keeps its own state (its tokens, the target position Q of its newest token y, the drafter's pending
+catch-up inputs from drafter position `start`) and draws from its own generator (first token, drafts, acceptance
+uniforms, correction or bonus token), so its tokens never depend on the batch.
+Chain round over the active images:
 1. draft: ONE drafter forward catches every active image up (ragged lengths, padded to the longest), then drafter
    step i runs over the images that still want a draft i + 2 (an image near its end drafts fewer than gamma);
 2. verify: ONE target forward over every active image's [y, drafts] (padded);
-3. accept and commit: the target's distributions of every verified position at once, then per image what
-   `Chain.accept` does (verify_chain with the image's generator) and the commit of speculative_decode; the image's
-   next round reads from its own new Q.
+3. accept and commit: the target's distributions of every verified position at once, then every image's chain
+   accepted at once with its own uniforms (chain.accept_chains); the image's next round reads from its own new Q.
 Rows: image b owns cache rows b, and b + B under CFG ([cond_1..cond_B, uncond_1..uncond_B], as generate.generate).
 A forward over a subset of the images passes their cache rows (GPT.forward_rows, Drafter.forward_rows), each row
 with its own RoPE positions, cache slots and causal mask, laid out as [cond rows of the subset; uncond rows], so
@@ -22,13 +17,12 @@ image i of a subset of n reads its rows out[i::n]. Finished images drop out of e
 never read or written again, and the others never see them.
 Padding: a padded query sits at RoPE position 0 and writes the scratch slot, one spare slot at the end of each cache
 whose index lies past every real position, so no real query ever sees it: padding costs compute, never values.
-Stats per image as speculative_decode's (target_forwards: 1 + the verify forwards the image took part in); times
-are the batch's wall time per section / B, as generate.generate's.
-compile=True (every batched decoder, `target_forward`): the verify forward runs through torch.compile with static
-shapes, gpt-fast style: every image's rows (a finished image's rows all padding) at a fixed width, the drafting
-kind's node budget + 1, so one graph per (model shape, cache rows, width) serves every round of every batch; the
-KV cache is kept between batches (compiled.setup_static_cache) for CUDA graphs. Eager: only the active rows, padded
-to the longest sequence of the round.
+Stats per image: target_forwards = 1 + the verify forwards the image took part in.
+compile=True (`target_forward`): the verify forward runs through torch.compile with static shapes, gpt-fast style:
+every image's rows (a finished image's rows all padding) at a fixed width, the drafting kind's node budget + 1, so
+one graph per (model shape, cache rows, width) serves every round of every batch; the KV cache is kept between
+batches (compiled.setup_static_cache) for CUDA graphs. Eager: only the active rows, padded to the longest sequence
+of the round.
 """
 
 from __future__ import annotations
@@ -41,12 +35,12 @@ from torch import Tensor
 
 from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain, ChainDraft, verify_chain
+from lantern.engine.chain import accept_chains
 from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, pick, row_probs
-from lantern.engine.speculative import check_one_image, prefill_rows
-from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
+from lantern.engine.generate import cfg_rows
+from lantern.engine.model import GPT, causal_mask
+from lantern.engine.sampling import SamplingParams, Uniforms, next_tokens, row_probs
+from lantern.engine.stats import ImageStats, StepTimer
 from lantern.engine.trees import Draft
 
 SCRATCH = 1  # spare cache slots past the real positions: where padded queries write
@@ -54,26 +48,25 @@ SCRATCH = 1  # spare cache slots past the real positions: where padded queries w
 
 @dataclass
 class Image:
-    """One image's decoding state (speculative_decode's locals for it)."""
+    """One image's decoding state."""
 
     index: int  # b: its cache rows are b (and b + B under CFG)
     generator: torch.Generator
-    tokens: list[int]
+    tokens: list[int] | None  # its tokens so far (chains keep them on the device: ChainRounds.buf)
     Q: int  # target position of the newest token y
     start: int  # drafter position of the first pending catch-up input
     pend_emb: Tensor  # [R, S, d] drafter inputs at positions start.. start + S - 1
     pend_h: Tensor  # [R, S, d] the target's hidden states there
     stats: ImageStats
-    draft: ChainDraft | Draft | None = None  # this round's drafts (a chain's, or a tree's: batched_trees.py)
+    draft: Draft | None = None  # this round's tree (batched_trees.py)
+    n: int = 1  # tokens decoded so far
 
 
-def cache_rows(images: list[Image], B: int, R: int, device) -> Tensor | None:
-    """The cache rows of `images` in forward layout [cond rows; uncond rows]; None when that is every row in order
-    (every image still active), which spares the models a copy of the cache rows."""
+def cache_rows(images: list, B: int, R: int, device) -> Tensor | None:
+    """forward_rows_of for a list of images."""
     if len(images) == B:
         return None
-    idx = torch.tensor([im.index for im in images], device=device)
-    return torch.cat([idx + r * B for r in range(R)])
+    return forward_rows_of(torch.tensor([im.index for im in images], device=device), B, R)
 
 
 def pack(parts: list[Tensor], S: int) -> Tensor:
@@ -82,17 +75,29 @@ def pack(parts: list[Tensor], S: int) -> Tensor:
     return torch.stack(padded, 1).flatten(0, 1)
 
 
-def ragged(starts: list[int], lengths: list[int], R: int, cache_len: int, device) -> tuple[Tensor, Tensor, Tensor]:
-    """(pos, slots, visible) [R * n, S, ...] for n causal runs of `lengths` positions from `starts`, padded to the
-    longest: real queries write their position's slot and see the slots up to it; padding writes the scratch slot."""
-    S = max(lengths)
-    j = torch.arange(S, device=device)
-    real = j < torch.tensor(lengths, device=device)[:, None]
-    at = torch.tensor(starts, device=device)[:, None] + j
+def ragged(starts: Tensor, lengths: Tensor, S: int, R: int, cache_len: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(pos, slots, visible) [R * n, S, ...] for n causal runs of `lengths` [n] positions from `starts` [n] (device
+    tensors), padded to S >= the longest: real queries write their position's slot and see the slots up to it;
+    padding writes the scratch slot."""
+    j = torch.arange(S, device=starts.device)
+    real = j < lengths[:, None]
+    at = starts[:, None] + j
     pos = torch.where(real, at, 0)
     slots = torch.where(real, at, cache_len - 1)
-    visible = (torch.arange(cache_len, device=device) <= at[..., None]) & real[..., None]
+    visible = (torch.arange(cache_len, device=starts.device) <= at[..., None]) & real[..., None]
     return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
+
+
+def to_device(device, *columns: list[int]) -> list[Tensor]:
+    """Host integer lists as device tensors, in one copy (a round's host-side plan)."""
+    flat = torch.tensor([v for c in columns for v in c], dtype=torch.long).to(device)
+    return list(flat.split([len(c) for c in columns]))
+
+
+def forward_rows_of(index: Tensor, B: int, R: int) -> Tensor | None:
+    """The cache rows of the images `index` [n] (a device tensor) in forward layout [cond rows; uncond rows]; None
+    when that is every row in order, which spares the models a copy of the cache rows."""
+    return None if len(index) == B else torch.cat([index + r * B for r in range(R)])
 
 
 def batch_probs(logits: Tensor, params: SamplingParams, index: Tensor) -> Tensor:
@@ -107,176 +112,207 @@ def verify_step(model: GPT, tokens: Tensor, pos: Tensor, slots: Tensor, visible:
     return model.forward_rows(model.embed_tokens(tokens), pos, slots, visible)
 
 
-def target_forward(target: GPT, images: list, B: int, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+def target_forward(target: GPT, rows: Tensor | None, tokens: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                    width: int | None = None) -> tuple[Tensor, Tensor]:
-    """The target's forward over the active images' rows (tokens, pos, slots [R * n, S], visible [R * n, S, L] in
-    forward layout) -> (logits, hidden) [R * n, S, ...]. width None: eager, over those rows only. width W >= S: the
-    compiled static-shape step over all R * B rows and W positions; the other rows and positions are padding."""
+    """The target's forward over the active images' cache rows `rows` (None: all; tokens, pos, slots [R * n, S],
+    visible [R * n, S, L] in forward layout) -> (logits, hidden) [R * n, S, ...]. width None: eager, over those rows
+    only. width W >= S: the compiled static-shape step over all cache rows and W positions; the other rows and
+    positions are padding."""
     device = target.output.weight.device
-    R = tokens.shape[0] // len(images)
-    rows = cache_rows(images, B, R, device)
     if width is None:
         return target.forward_rows(target.embed_tokens(tokens), pos, slots, visible, rows)
     S, L = tokens.shape[1], target.cache_len
     if S > width:
         raise ValueError(f"a verify pass of {S} positions exceeds the static width {width}")
-    at = torch.arange(R * B, device=device) if rows is None else rows
-    full = lambda x, fill: x.new_full((R * B, width, *x.shape[2:]), fill)  # noqa: E731
+    RB = target.cache_key_valid.shape[0]
+    at = torch.arange(RB, device=device) if rows is None else rows
+    full = lambda x, fill: x.new_full((RB, width, *x.shape[2:]), fill)  # noqa: E731
     t, p, s, v = full(tokens, 0), full(pos, 0), full(slots, L - 1), full(visible, False)
     t[at, :S], p[at, :S], s[at, :S], v[at, :S] = tokens, pos, slots, visible
     logits, hidden = compiled.compiled_step(verify_step, device)(target, t, p, s, v)
     return logits[at, :S], hidden[at, :S]
 
 
-def prefill(target: GPT, drafter: Drafter, cond: Tensor, params: SamplingParams, generators: list[torch.Generator],
-            timer: StepTimer, cond_mask: Tensor | None, target_extra: int = 0, drafter_extra: int = 0,
-            static: bool = False) -> list[Image]:
-    """speculative_prefill for the whole batch: both caches set up (`*_extra` slots for tree nodes, then the
-    scratch slot; static: the kept cache of compiled.setup_static_cache), one target forward over every condition
-    row, each image's first token drawn with its own generator."""
-    B, N, T = cond.shape[0], target.args.image_tokens, target.args.cls_token_num
+def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepTimer, cond_mask: Tensor | None,
+                 target_extra: int, static: bool):
+    """The target's cache set up for the CFG rows of `cond` (cfg_rows; `target_extra` spare slots, then the scratch
+    slot; static: the cache kept between calls for compiled steps, compiled.setup_static_cache), the target run over
+    the condition positions (the padded caption rows' states follow target.pad_semantics), and each image's
+    first-token distribution. Returns (the first-token distributions
+    [B, V], condition embeddings, their hidden states, the rows' mask)."""
     device = target.output.weight.device
-    logits, cond_emb, hidden, rows_mask = prefill_rows(target, cond, params, timer, cond_mask, target_extra + SCRATCH,
-                                                       static)
-    images, R = [], cond_emb.shape[0] // B
+    B, T = cond.shape[0], target.args.cls_token_num
+    rows, rows_mask = cfg_rows(target, cond, params, cond_mask)
     with timer.section("other"):
-        drafter.setup_cache(cond_emb.shape[0], extra=drafter_extra + SCRATCH, cond_mask=rows_mask)
-        p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))
-        for b, g in enumerate(generators):
-            mine = slice(b, None, B)  # rows b (and B + b)
-            first = pick(p0[b, 0], params, g)
-            first_emb = drafter.embed_tokens(torch.tensor([first] * R, device=device))[:, None]
-            pend_emb = torch.cat([drafter.cond_inputs(cond_emb[mine]), first_emb], 1)
-            images.append(Image(b, g, [first], T, 0, pend_emb, hidden[mine], ImageStats(n_tokens=N, target_forwards=1)))
-    return images
+        if static:
+            compiled.setup_static_cache(target, rows.shape[0], extra=target_extra + SCRATCH)
+        else:
+            target.setup_cache(rows.shape[0], extra=target_extra + SCRATCH)
+    with timer.section("verify"):
+        if rows_mask is not None:
+            target.set_cond_mask(rows_mask)
+        cond_emb = target.embed_cond(rows)
+        logits, hidden = target.prefill_cond(cond_emb, rows_mask)
+    with timer.section("other"):
+        p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))[:, 0]
+    return p0, cond_emb, hidden, rows_mask
 
 
-def catch_up(drafter: Drafter, images: list[Image], B: int) -> list[Tensor]:
-    """The drafter's catch-up of every active image in one forward (ragged): each image's predicted h_Q [R, 1, d]."""
-    device = drafter.fc.weight.device
-    n, R = len(images), images[0].pend_emb.shape[0]
-    lengths = [im.pend_emb.shape[1] for im in images]
-    S = max(lengths)
-    pos, slots, visible = ragged([im.start for im in images], lengths, R, drafter.cache_len, device)
-    out = drafter.forward_rows(pack([im.pend_emb for im in images], S), pack([im.pend_h for im in images], S),
-                               pos, slots, visible, cache_rows(images, B, R, device))
-    return [out[i::n, L - 1 : L] for i, L in enumerate(lengths)]
+class DrafterRounds:
+    """What the rounds of chains and trees share: the prefill of both models, the catch-up, the end."""
 
+    def __init__(self, target: GPT, drafter: Drafter, drafting, params: SamplingParams, rule: AcceptRule,
+                 table: Tensor | None, B: int):
+        self.target, self.drafter, self.drafting, self.params, self.rule, self.table = (target, drafter, drafting,
+                                                                                        params, rule, table)
+        self.B, self.N, self.device = B, target.args.image_tokens, target.output.weight.device
 
-def draft(drafter: Drafter, images: list[Image], chain: Chain, params: SamplingParams, B: int, N: int) -> None:
-    """Chain.draft for every active image: one batched catch-up, then batched drafter steps over the images that
-    still draft. Sets each image's `draft`."""
-    device = drafter.fc.weight.device
-    n, R = len(images), images[0].pend_emb.shape[0]
-    preds = catch_up(drafter, images, B)
-    gammas = [min(chain.gamma, N - len(im.tokens)) for im in images]
-    for im in images:
-        im.draft = ChainDraft([], [], R)
-        im.stats.drafter_forwards += 1
-    for step in range(max(gammas)):
-        drawing = [i for i in range(n) if step < gammas[i]]
-        index = torch.tensor([[len(images[i].tokens) + step] for i in drawing], device=device)
-        qs = batch_probs(drafter.head(pack([preds[i] for i in drawing], 1)), params, index)
-        for i, q in zip(drawing, qs[:, 0]):
-            im = images[i]
-            im.draft.tokens.append(pick(q, params, im.generator))
-            im.draft.q.append(q)
-        going = [i for i in drawing if step < gammas[i] - 1]
-        if not going:
-            break
-        sub = [images[i] for i in going]
-        x = torch.tensor([im.draft.tokens[-1] for im in sub] * R, device=device)
-        pos, slots, visible = ragged([im.Q + step for im in sub], [1] * len(sub), R, drafter.cache_len, device)
-        out = drafter.forward_rows(drafter.embed_tokens(x)[:, None], pack([preds[i] for i in going], 1), pos, slots,
-                                   visible, cache_rows(sub, B, R, device))
-        for j, i in enumerate(going):
-            preds[i] = out[j :: len(going)]
-            images[i].stats.drafter_forwards += 1
-
-
-def verify(target: GPT, images: list[Image], B: int, width: int | None = None) -> tuple[Tensor, Tensor]:
-    """Chain.verify for every active image in one forward: (logits, hidden) [R * n, 1 + longest draft, ...]
-    (width: target_forward's static shape)."""
-    device = target.output.weight.device
-    R = images[0].pend_emb.shape[0]
-    seqs = [[im.tokens[-1]] + im.draft.tokens for im in images]
-    lengths = [len(s) for s in seqs]
-    tokens = pack([torch.tensor(s, device=device).expand(R, -1)[..., None] for s in seqs], max(lengths))[..., 0]
-    pos, slots, visible = ragged([im.Q for im in images], lengths, R, target.cache_len, device)
-    for im in images:
-        im.stats.target_forwards += 1
-    return target_forward(target, images, B, tokens, pos, slots, visible, width)
-
-
-def commit(im: Image, P: Tensor, hidden: Tensor, drafter: Drafter, params: SamplingParams, table: Tensor | None,
-           rule: AcceptRule, N: int) -> None:
-    """speculative_decode's accept (Chain.accept) and commit for one image, from the target's distributions P [S, V]
-    at its verified positions and its rows of the verify forward's hidden states."""
-    g = len(im.draft.tokens)
-    a, p = verify_chain(P[: g + 1], im.draft.q, im.draft.tokens, params, table, rule, im.generator)
-    im.tokens += im.draft.tokens[:a]
-    im.stats.accepted_per_step.append(a)
-    im.stats.tree_depth.append(im.draft.max_depth)
-    if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-        return
-    im.tokens.append(pick(p, params, im.generator))
-    R = hidden.shape[0]
-    im.pend_emb = drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=P.device).expand(R, -1))
-    im.pend_h = hidden[:, : a + 1]
-    im.start, im.Q = im.Q, im.Q + a + 1
-
-
-@torch.no_grad()
-def batched_speculative_generate(
-    target: GPT,
-    drafter: Drafter,
-    cond: Tensor,
-    params: SamplingParams,
-    rule: AcceptRule,
-    chain: Chain,
-    generators: list[torch.Generator],
-    table: Tensor | None = None,
-    cond_mask: Tensor | None = None,
-    compile: bool = False,
-) -> tuple[Tensor, list[ImageStats]]:
-    """Chain speculative decoding of a batch, all images at once; same contract (and tokens) as speculative.generate.
-    Static and dynamic draft trees: batched_trees.batched_tree_generate (the registry routes each drafting kind).
-    compile: the verify forward through torch.compile at the static width gamma + 1 (see the module's doc)."""
-    B, N = cond.shape[0], target.args.image_tokens
-    if len(generators) != B:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
-    if not isinstance(chain, Chain):
-        raise ValueError(f"batched_speculative_generate drafts chains, got {type(chain).__name__}; draft trees go "
-                         "through batched_trees.batched_tree_generate")
-    check_one_image(cond[:1], rule, table)  # the rule's neighbour-table check (batches are ours to take)
-    chain.check(target)
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    images = prefill(target, drafter, cond, params, generators, timer, cond_mask, static=compile)
-    width = chain.nodes + 1 if compile else None
-    while active := [im for im in images if len(im.tokens) < N]:
-        with timer.section("draft"):
-            draft(drafter, active, chain, params, B, N)
-        with timer.section("verify"):
-            logits, hidden = verify(target, active, B, width)
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list[Image]:
+        """Both caches set up (`*_extra` slots for tree nodes, then the scratch slot), one target forward over
+        every condition row, each image's first token drawn with its own generator (self.first [B], on the
+        device)."""
+        target, drafter, B, T = self.target, self.drafter, self.B, self.target.args.cls_token_num
+        p0, cond_emb, hidden, rows_mask = prefill_rows(target, cond, self.params, timer, cond_mask,
+                                                       self.drafting.target_extra, static)
+        images, R = [], cond_emb.shape[0] // B
         with timer.section("other"):
-            index = torch.tensor([len(im.tokens) for im in active], device=device)[:, None] + torch.arange(
-                logits.shape[1], device=device)
-            P = batch_probs(logits, params, index)
-            for i, im in enumerate(active):
-                commit(im, P[i], hidden[i :: len(active)], drafter, params, table, rule, N)
-    return finish(target, drafter, images, timer)
+            drafter.setup_cache(cond_emb.shape[0], extra=self.drafting.drafter_extra + SCRATCH, cond_mask=rows_mask)
+            self.first = first_tokens(p0, self.params, generators)
+            first_emb = drafter.embed_tokens(self.first)
+            for b, g in enumerate(generators):
+                mine = slice(b, None, B)  # rows b (and B + b)
+                pend_emb = torch.cat([drafter.cond_inputs(cond_emb[mine]), first_emb[b].expand(R, 1, -1)], 1)
+                images.append(Image(b, g, None, T, 0, pend_emb, hidden[mine],
+                                    ImageStats(n_tokens=self.N, target_forwards=1)))
+        return images
+
+    def catch_up(self, images: list[Image], rows: Tensor | None, starts: Tensor | None = None,
+                 lengths: Tensor | None = None) -> Tensor:
+        """The drafter's catch-up of every active image in one forward (ragged, over the cache rows `rows`; starts
+        and lengths [n] on the device, else sent): the predicted h_Q of each image, [R, n, d]."""
+        n, R = len(images), images[0].pend_emb.shape[0]
+        S = max(im.pend_emb.shape[1] for im in images)
+        if starts is None:
+            starts, lengths = to_device(self.device, [im.start for im in images],
+                                        [im.pend_emb.shape[1] for im in images])
+        pos, slots, visible = ragged(starts, lengths, S, R, self.drafter.cache_len)
+        out = self.drafter.forward_rows(pack([im.pend_emb for im in images], S),
+                                        pack([im.pend_h for im in images], S), pos, slots, visible, rows)
+        for im in images:
+            im.stats.drafter_forwards += 1
+        return out.view(R, n, S, -1)[:, torch.arange(n, device=self.device), lengths - 1]
+
+    def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+        self.drafter.clear_cache()
+        return finish(self.target, images, timer)
 
 
-def finish(target: GPT, drafter: Drafter, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
-    """Caches freed; (tokens [B, N], stats per image with the batch's section times / B)."""
+def first_tokens(p0: Tensor, params: SamplingParams, generators: list[torch.Generator]) -> Tensor:
+    """Each image's first token [B] from the prefill's distributions p0 [B, V], drawn on the device with one uniform
+    from its generator."""
+    return next_tokens(p0, params, None if params.greedy else Uniforms(generators, 1, p0.device).u[:, 0])
+
+
+class ChainRounds(DrafterRounds):
+    """Rounds of gamma chain drafts (chain.py) for a batch, three host syncs per round: the round's host integers
+    go to the device in one copy, the images' uniforms (2 gamma + 1 each, drawn ahead: drafts, tried drafts, the
+    next token; each generator then advances by what it used) in another; drafts, acceptance and next tokens are
+    drawn on the device (chain.accept_chains) into a token buffer (self.buf), and one read per round, the accepted
+    lengths, tells the host where every image stands."""
+
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        self.buf = torch.zeros(self.B, self.N + self.drafting.gamma + 1, dtype=torch.long, device=self.device)
+        self.buf[:, 0] = self.first
+        return images
+
+    def draft(self, images: list[Image]) -> None:
+        """One batched catch-up, then gamma drafter steps over the active images (an image with fewer drafts left
+        takes part as padding). Sets self.X [n, G] (drafts), self.q [n, G, V] (their distributions)."""
+        drafter, params, device, gamma = self.drafter, self.params, self.device, self.drafting.gamma
+        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        self.g = [min(gamma, self.N - im.n) for im in images]
+        G = max(self.g)
+        self.index, self.done, starts, lengths, self.gs = to_device(
+            device, [im.index for im in images], [im.n for im in images], [im.start for im in images],
+            [im.pend_emb.shape[1] for im in images], self.g)
+        self.uniforms = None if params.greedy else Uniforms([im.generator for im in images], 2 * gamma + 1, device)
+        u = None if params.greedy else self.uniforms.u
+        self.rows = forward_rows_of(self.index, self.B, R)
+        pred = self.catch_up(images, self.rows, starts, lengths)  # [R, n, d]
+        Q = self.target.args.cls_token_num + self.done - 1
+        X, qs = torch.zeros(n, G, dtype=torch.long, device=device), []
+        for step in range(G):
+            q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (self.done + step)[:, None])[:, 0]
+            X[:, step] = next_tokens(q, params, None if u is None else u[:, step])
+            qs.append(q)
+            if step == G - 1:
+                break
+            real = step < self.gs - 1
+            at = (Q + step)[:, None]
+            pos, slots = torch.where(real[:, None], at, 0), torch.where(real[:, None], at, L - 1)
+            visible = (torch.arange(L, device=device) <= at[..., None]) & real[:, None, None]
+            pred = drafter.forward_rows(drafter.embed_tokens(X[:, step]).repeat(R, 1)[:, None],
+                                        pred.reshape(R * n, 1, -1), pos.repeat(R, 1), slots.repeat(R, 1),
+                                        visible.repeat(R, 1, 1), self.rows).view(R, n, -1)
+            for im, g in zip(images, self.g):
+                im.stats.drafter_forwards += step < g - 1
+        self.X, self.q = X, torch.stack(qs, 1)
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:
+        target_forward's static shape)."""
+        R = images[0].pend_emb.shape[0]
+        seq = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
+        Q = self.target.args.cls_token_num + self.done - 1
+        pos, slots, visible = ragged(Q, self.gs + 1, seq.shape[1], R, self.target.cache_len)
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(self.target, self.rows, seq.repeat(R, 1), pos, slots, visible, width)
+
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """Acceptance and the next token of every active image on the device, then the one read of the round."""
+        n, R, T, N = len(images), images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N
+        index = self.done[:, None] + torch.arange(logits.shape[1], device=self.device)
+        P = batch_probs(logits, self.params, index)
+        u = None if self.uniforms is None else self.uniforms.u
+        a, token = accept_chains(P, self.q, self.X, self.gs, u, self.params, self.table, self.rule)
+        self.buf[self.index[:, None], self.done[:, None] + torch.arange(self.X.shape[1], device=self.device)] = self.X
+        self.buf[self.index, self.done + a] = token  # past the image's end when the drafts completed it: unread
+        used = []
+        for i, (im, a_i, g) in enumerate(zip(images, a.tolist(), self.g)):  # the round's one read
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(g)
+            done = im.n + a_i == N  # the drafts completed the image: no bonus token past its end
+            used.append(g + min(a_i + 1, g) + (not done))
+            if done:
+                im.n = N
+                continue
+            im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n : im.n + a_i + 1]).expand(R, -1, -1)
+            im.pend_h = hidden[i::n, : a_i + 1]
+            im.start = T + im.n - 1
+            im.n += a_i + 1
+        if self.uniforms is not None:
+            self.uniforms.used(used)
+
+    def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+        self.drafter.clear_cache()
+        return finish(self.target, images, timer, self.buf[:, : self.N])
+
+
+def finish(target: GPT, images: list, timer: StepTimer,
+           tokens: Tensor | None = None) -> tuple[Tensor, list[ImageStats]]:
+    """The target's cache freed; (tokens [B, N] (given, or the images' lists), stats per image with the batch's
+    section times / B)."""
     target.clear_cache()
-    drafter.clear_cache()
     B, stats = len(images), []
     for im in images:
         s = im.stats.finish(timer)
         s.time_draft_s, s.time_verify_s, s.time_other_s = s.time_draft_s / B, s.time_verify_s / B, s.time_other_s / B
         s.batch_size = B
         stats.append(s)
-    return torch.tensor([im.tokens for im in images], device=target.output.weight.device), stats
+    if tokens is None:
+        tokens = torch.tensor([im.tokens for im in images], device=target.output.weight.device)
+    return tokens, stats

@@ -1,17 +1,18 @@
-"""Batched draft-tree speculative decoding (static trees, EAGLE-2 dynamic trees): batched.py's ragged loop with the
-rounds of trees.py, so that every image decodes exactly as speculative_decode decodes it alone.
+"""The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: batched.py's ragged
+rows with the shapes of trees.py.
 
 Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
-drafter passes it needs, trees.TreePass, and draws from the image's generator: a static tree's Gumbel keys, cut to
-the tokens the image has left), and the image's round is accepted by the tree's `accept` with its generator. What
-is batched are the forwards, over the images still decoding:
-1. draft: ONE drafter catch-up forward (batched.catch_up), the root distributions of every image at once, then
+drafter passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to
+the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round
+is accepted by the tree's `accept` with its generator. What is batched are the forwards, over the images still
+decoding:
+1. draft: ONE drafter catch-up forward (DrafterRounds.catch_up), the root distributions of every image at once, then
    each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
    tree's level, a dynamic tree's expansion), each row at its own positions Q_b + pos, slots Q_b + node slots and
    tree mask over the slots from Q_b on, padded to the widest;
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
-3. accept and commit per image as speculative_decode does; the accepted paths' target cache entries move into
+3. accept and commit per image (the shape's `accept`); the accepted paths' target cache entries move into
    consecutive slots in one per-row move (GPT.keep_rows), and the true hidden states of y and the accepted nodes
    become the image's next catch-up inputs.
 Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
@@ -23,14 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import Image, batch_probs, cache_rows, catch_up, finish, pack, prefill, target_forward
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, pick
-from lantern.engine.speculative import check_one_image
-from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
-from lantern.engine.trees import Draft, TreePass, TreeRounds, _visible
+from lantern.engine.acceptance import AcceptRule, accept_probability, residual_rows, sibling_budget
+from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
+from lantern.engine.sampling import Uniforms, draw, pick
+from lantern.engine.trees import Draft, TreePass, _visible
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -44,134 +41,225 @@ def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: in
     return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
 
 
-def tree_passes(drafter: Drafter, images: list[Image], asks: list[TreePass], params: SamplingParams,
-                B: int) -> list[tuple[Tensor, Tensor]]:
-    """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden [R, S_i, d],
-    distributions [S_i, V]), as trees.run_growth answers it alone."""
-    device = drafter.fc.weight.device
-    n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
-    sizes = [len(a.tokens) for a in asks]
-    S = max(sizes)
-    emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
-    emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
-    pos, slots, visible = per_row([torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
-                                  [im.Q + a.slots for im, a in zip(images, asks)],
-                                  [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
-    out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible,
-                               cache_rows(images, B, R, device))
-    index = torch.tensor([[len(im.tokens) + a.pos + 1] for im, a in zip(images, asks)], device=device).expand(-1, S)
-    q = batch_probs(drafter.head(out), params, index)
-    return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
+class TreeRounds(DrafterRounds):
+    """Rounds of a static or dynamic draft tree (trees.TreeShape) for a batch."""
+
+    def tree_passes(self, images: list[Image], asks: list[TreePass], rows: Tensor | None,
+                    done: Tensor | None) -> list[tuple[Tensor, Tensor]]:
+        """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden
+        [R, S_i, d], distributions [S_i, V]); rows, done [n]: the images' cache rows and tokens done on the device,
+        when they are all the round's images at one depth (None: sent)."""
+        drafter, device = self.drafter, self.device
+        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        sizes = [len(a.tokens) for a in asks]
+        S = max(sizes)
+        emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
+        emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
+        pos, slots, visible = per_row(
+            [torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
+            [im.Q + a.slots for im, a in zip(images, asks)],
+            [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
+        if done is None:
+            rows = cache_rows(images, self.B, R, device)
+            (index,) = to_device(device, [im.n + a.pos + 1 for im, a in zip(images, asks)])
+        else:  # every ask at the same depth
+            index = done + asks[0].pos + 1
+        out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible, rows)
+        q = batch_probs(drafter.head(out), self.params, index[:, None].expand(-1, S))
+        return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
+
+    def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        for im, first in zip(images, self.first.tolist()):
+            im.tokens = [first]
+        return images
+
+    def draft(self, images: list[Image]) -> None:
+        """Every active image's tree grown in its `growth`, the drafter forwards batched. Sets each image's
+        `draft`."""
+        n, R = len(images), images[0].pend_emb.shape[0]
+        rows = cache_rows(images, self.B, R, self.device)
+        pred = self.catch_up(images, rows)
+        (done,) = to_device(self.device, [im.n for im in images])
+        q_root = batch_probs(self.drafter.head(pred.reshape(R * n, 1, -1)), self.params, done[:, None])[:, 0]
+        growing, asks = {}, {}
+
+        def advance(i: int, answer) -> None:
+            try:
+                asks[i] = growing[i].send(answer)
+            except StopIteration as done:
+                images[i].draft = done.value
+                images[i].stats.drafter_forwards += done.value.drafter_passes
+                del growing[i], asks[i]
+
+        # a sampled static tree's uniforms, drawn ahead from each image's generator, in one copy
+        need = [self.drafting.uniforms(self.N - im.n) for im in images]
+        ahead = Uniforms([im.generator for im in images], max(need), self.device) if max(need) else None
+        for i, im in enumerate(images):
+            growing[i] = self.drafting.growth(pred[:, i : i + 1], q_root[i], self.params, self.N - im.n,
+                                              None if ahead is None else ahead.u[i])
+            asks[i] = None
+            advance(i, None)
+        if ahead is not None:
+            ahead.used(need)
+        while asks:
+            order = list(asks)
+            # all the round's images still grow, at one depth: their rows and counts are on the device already
+            every = len(order) == n and len({asks[i].pos for i in order}) == 1
+            answers = self.tree_passes([images[i] for i in order], [asks[i] for i in order], rows if every else None,
+                                       done if every else None)
+            for i, answer in zip(order, answers):
+                advance(i, answer)
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One target forward over every image's [y, nodes] (RoPE positions Q + depth, slots Q, Q + 1, .., the tree
+        mask): (logits, hidden) [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions."""
+        target, device = self.target, self.device
+        R, L = images[0].pend_emb.shape[0], target.cache_len
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        drafts: list[Draft] = [im.draft for im in images]
+        (last,) = to_device(device, [im.tokens[-1] for im in images])
+        seqs = [torch.cat([last[i : i + 1], d.tokens]) for i, d in enumerate(drafts)]
+        S = max(len(s) for s in seqs)
+        tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
+        pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
+                                      [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
+                                      [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)],
+                                      R, L)
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(target, cache_rows(images, self.B, R, device), tokens, pos, slots, visible, width)
+
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
+        Sampling under a rule of acceptance.py: every image's walk on the device at once (`walk`), one read per
+        round. Greedy, and rules with their own verification: the shape's `accept` image by image."""
+        if self.params.greedy or self.rule.impl is not None:
+            return self.commit_each(images, logits, hidden)
+        device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
+        drafts = [im.draft for im in images]
+        M, D = max(len(d.tokens) for d in drafts), max(d.drafter_passes for d in drafts) + 1
+        C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
+        pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
+        X = torch.stack([pad(d.tokens) for d in drafts])
+        depth = torch.stack([pad(d.depth) for d in drafts])
+        ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
+                          for d in drafts])
+        q = None  # deterministic drafts (a dynamic tree)
+        if drafts[0].q is not None:
+            rows_q = max(d.q.shape[0] for d in drafts)
+            q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
+        static = drafts[0].children is not None  # a static shape's children are host lists, a dynamic tree's not
+        kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))] \
+            if static else []
+        q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))]
+        done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
+        kids = kids.view(n, M + 1, C) if static else torch.stack(
+            [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
+        P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
+        ahead = Uniforms([im.generator for im in images], D * C + 1, device)
+        path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table,
+                             self.rule, D)
+        a = (path >= 0).sum(-1)
+        token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
+        seq = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])  # drafts, next
+        read = torch.cat([torch.stack([a, used, depth.max(-1).values], 1), path, seq], 1).tolist()  # the one read
+        emb, at = self.drafter.embed_tokens(seq), F.pad(path + 1, (1, 0))
+        hidden = hidden.view(R, n, hidden.shape[1], -1)
+        moves, counts = [], []
+        for i, (im, r) in enumerate(zip(images, read)):
+            a_i, used_i, deepest = r[:3]
+            nodes, toks = r[3 : 3 + a_i], r[3 + D : 3 + D + a_i + 1]
+            moves += [(im.index + k * self.B, im.Q + 1 + s, im.Q + 1 + j) for k in range(R)
+                      for j, s in enumerate(nodes) if s != j]
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(deepest)
+            finished = im.n + a_i == N  # the drafts completed the image: a bonus token would lie past its end
+            counts.append(used_i + (not finished))
+            im.tokens += toks[: a_i + (not finished)]
+            im.n = len(im.tokens)
+            if not finished:
+                im.pend_emb = emb[i, : a_i + 1].expand(R, -1, -1)
+                im.pend_h = hidden[:, i, at[i, : a_i + 1]]
+                im.start, im.Q = im.Q, im.Q + a_i + 1
+        ahead.used(counts)
+        if moves:
+            self.target.keep_rows(*to_device(device, *zip(*moves)))
+
+    def commit_each(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """The shape's accept image by image (greedy; rules with their own verification)."""
+        device, params, B, N = self.device, self.params, self.B, self.N
+        n, R = len(images), images[0].pend_emb.shape[0]
+        rows, src, dst = [], [], []
+        for i, im in enumerate(images):
+            d, mine = im.draft, slice(i, None, n)
+            path, p = self.drafting.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), self.table,
+                                           self.rule, im.generator)
+            a = len(path)
+            moved = [(s, j) for j, s in enumerate(path) if s != j]
+            for r in range(R):
+                rows += [im.index + r * B] * len(moved)
+                src += [im.Q + 1 + s for s, _ in moved]
+                dst += [im.Q + 1 + j for _, j in moved]
+            im.tokens += d.tokens[path].tolist()
+            im.n = len(im.tokens)
+            im.stats.accepted_per_step.append(a)
+            im.stats.tree_depth.append(d.max_depth)
+            if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
+                continue
+            im.tokens.append(pick(p, params, im.generator))
+            im.n += 1
+            im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
+            im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
+            im.start, im.Q = im.Q, im.Q + a + 1
+        if rows:
+            self.target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
 
 
-def draft(drafter: Drafter, images: list[Image], tree: TreeRounds, params: SamplingParams, B: int, N: int) -> None:
-    """TreeRounds.draft for every active image, the drafter forwards batched. Sets each image's `draft`."""
-    device = drafter.fc.weight.device
-    preds = catch_up(drafter, images, B)
-    index = torch.tensor([[len(im.tokens)] for im in images], device=device)
-    q_root = batch_probs(drafter.head(pack(preds, 1)), params, index)[:, 0]
-    growing, asks = {}, {}
-
-    def advance(i: int, answer) -> None:
-        try:
-            asks[i] = growing[i].send(answer)
-        except StopIteration as done:
-            images[i].draft = done.value
-            images[i].stats.drafter_forwards += 1 + done.value.drafter_passes
-            del growing[i], asks[i]
-
-    for i, im in enumerate(images):
-        growing[i] = tree.growth(preds[i], q_root[i], params, N - len(im.tokens), im.generator)
-        asks[i] = None
-        advance(i, None)
-    while asks:
-        order = list(asks)
-        answers = tree_passes(drafter, [images[i] for i in order], [asks[i] for i in order], params, B)
-        for i, answer in zip(order, answers):
-            advance(i, answer)
-
-
-def verify(target: GPT, images: list[Image], B: int, width: int | None = None) -> tuple[Tensor, Tensor]:
-    """TreeRounds.verify (trees.verify_tree) for every active image in one forward: (logits, hidden)
-    [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions (width: batched.target_forward's
-    static shape)."""
-    device = target.output.weight.device
-    R, L = images[0].pend_emb.shape[0], target.cache_len
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    drafts: list[Draft] = [im.draft for im in images]
-    seqs = [torch.cat([torch.tensor([im.tokens[-1]], device=device), d.tokens]) for im, d in zip(images, drafts)]
-    S = max(len(s) for s in seqs)
-    tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
-    pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
-                                  [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
-                                  [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)], R, L)
-    for im in images:
-        im.stats.target_forwards += 1
-    return target_forward(target, images, B, tokens, pos, slots, visible, width)
-
-
-def commit(target: GPT, drafter: Drafter, images: list[Image], tree: TreeRounds, logits: Tensor, hidden: Tensor,
-           params: SamplingParams, table: Tensor | None, rule: AcceptRule, B: int, N: int) -> None:
-    """speculative_decode's accept and commit for every active image; the cache moves of all of them at once."""
-    device = target.output.weight.device
-    n, R = len(images), images[0].pend_emb.shape[0]
-    rows, src, dst = [], [], []
-    for i, im in enumerate(images):
-        d, mine = im.draft, slice(i, None, n)
-        path, p = tree.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), table, rule, im.generator)
-        a = len(path)
-        moved = [(s, j) for j, s in enumerate(path) if s != j]
-        for r in range(R):
-            rows += [im.index + r * B] * len(moved)
-            src += [im.Q + 1 + s for s, _ in moved]
-            dst += [im.Q + 1 + j for _, j in moved]
-        im.tokens += d.tokens_at(path)
-        im.stats.accepted_per_step.append(a)
-        im.stats.tree_depth.append(d.max_depth)
-        if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-            continue
-        im.tokens.append(pick(p, params, im.generator))
-        im.pend_emb = drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
-        im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
-        im.start, im.Q = im.Q, im.Q + a + 1
-    if rows:
-        target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
-
-
-@torch.no_grad()
-def batched_tree_generate(
-    target: GPT,
-    drafter: Drafter,
-    cond: Tensor,
-    params: SamplingParams,
-    rule: AcceptRule,
-    tree: TreeRounds,
-    generators: list[torch.Generator],
-    table: Tensor | None = None,
-    cond_mask: Tensor | None = None,
-    compile: bool = False,
-) -> tuple[Tensor, list[ImageStats]]:
-    """Draft-tree speculative decoding of a batch, all images at once; same contract (and tokens) as
-    speculative.generate with a StaticTree or DynamicTree. compile: the verify forward through torch.compile at the
-    static width nodes + 1 (batched.py)."""
-    B, N = cond.shape[0], target.args.image_tokens
-    if len(generators) != B:
-        raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
-    check_one_image(cond[:1], rule, table)
-    tree.check(target)
-    device = target.output.weight.device
-    timer = StepTimer(device)
-    reset_peak_memory(device)
-    with timer.section("other"):
-        tree = tree.to(device)
-    images = prefill(target, drafter, cond, params, generators, timer, cond_mask, tree.target_extra,
-                     tree.drafter_extra, static=compile)
-    width = tree.nodes + 1 if compile else None
-    while active := [im for im in images if len(im.tokens) < N]:
-        with timer.section("draft"):
-            draft(drafter, active, tree, params, B, N)
-        with timer.section("verify"):
-            logits, hidden = verify(target, active, B, width)
-        with timer.section("other"):
-            commit(target, drafter, active, tree, logits, hidden, params, table, rule, B, N)
-    return finish(target, drafter, images, timer)
+def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
+         rule: AcceptRule, D: int) -> tuple[Tensor, Tensor, Tensor]:
+    """trees.accept_sampled for n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
+    [n, rows, V] the drafter rows the children were drawn from (q_row [n, 1 + M] a node's row), X [n, M] tokens, ok
+    [n, M] the children offered, kids [n, 1 + M, C] each node's children in order (-1: none), u [n, >= D C + 1]
+    each image's uniforms (a visited node takes one per offered child, as accept_sampled draws them), D the deepest
+    node. From y, each visited node's children are tried in order (acceptance.verify_candidates: accept while u <
+    min(1, p~(x) / q'(x)), residualising p and q after each rejection, siblings sharing a TV budget where the rule
+    says so). Returns (the accepted nodes [n, D], -1 past the path; the next token's distribution [n, V]; the
+    uniforms used [n], the next token's column)."""
+    n, C = X.shape[0], kids.shape[2]  # q None: deterministic drafts
+    rows = torch.arange(n, device=X.device)
+    node = torch.full((n,), -1, dtype=torch.long, device=X.device)
+    alive = torch.ones(n, dtype=torch.bool, device=X.device)
+    used = torch.zeros(n, dtype=torch.long, device=X.device)
+    path = torch.full((n, D), -1, dtype=torch.long, device=X.device)
+    p = P[:, 0]
+    shared = sibling_budget(None if q is None else q[0, 0], rule) is not None  # bounded LANTERN, q = 1 drafts
+    for step in range(D + 1):
+        cands = kids[rows, node + 1]  # [n, C]
+        offered = (cands >= 0) & ok.gather(1, cands.clamp(min=0)) & alive[:, None]
+        p = torch.where(alive[:, None], P[rows, node + 1], p)
+        qq = None if q is None else q[rows, q_row[rows, node + 1]]
+        budget = torch.full((n,), rule.delta, dtype=p.dtype, device=p.device) if shared else None
+        rank = offered.long().cumsum(-1) - 1
+        chosen = torch.full((n,), -1, dtype=torch.long, device=X.device)
+        for j in range(C):
+            live = offered[:, j] & (chosen < 0)
+            x = X.gather(1, cands[:, j : j + 1].clamp(min=0))[:, 0]
+            A, c, m = accept_probability(p, qq, x, table, rule, None if budget is None else budget[:, None])
+            take = live & (u.gather(1, (used + rank[:, j].clamp(min=0))[:, None])[:, 0] < A)
+            chosen = torch.where(take, cands[:, j], chosen)
+            rejected = live & ~take
+            if budget is not None:
+                left = p.sum(-1) - p.gather(1, x[:, None])[:, 0] - c
+                budget = torch.where(rejected, torch.where(left > 0, (budget - c).clamp(min=0) / left, 0.0), budget)
+            p = torch.where(rejected[:, None], residual_rows(p, qq, x, m, table, rule), p)
+            if qq is not None:
+                gone = qq.scatter(1, x[:, None], 0.0)
+                total = gone.sum(-1, keepdim=True)
+                qq = torch.where(rejected[:, None], torch.where(total > 0, gone / total, gone), qq)
+        used = used + offered.sum(-1)
+        alive = alive & (chosen >= 0)
+        if step < D:
+            path[:, step] = torch.where(alive, chosen, -1)
+        node = torch.where(alive, chosen, node)
+    return path, p, used

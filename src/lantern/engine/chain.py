@@ -1,11 +1,13 @@
-"""Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward.
+"""Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward; the rounds
+themselves are batched.ChainRounds, which accepts every image's chain at once (`accept_chains`).
 
 draft: gamma drafter forwards, the first from the catch-up's predicted hidden state, each later one feeding the
 drafter its own predicted hidden state; every x_i is drawn from the drafter's CFG-mixed, temperature/top-k/top-p
 processed distribution q_i (argmax under greedy).
 verify: one target forward over [y, x_1..x_g] at positions Q..Q+g (slots Q..Q+g: the accepted prefix already sits
 where it belongs, nothing to move).
-accept: `verify_chain`, the longest prefix the rule allows (also Jacobi decoding's verification).
+accept: `accept_chains`, the longest prefix the rule allows, every image's chain at once (also Jacobi decoding's
+verification).
 """
 
 from __future__ import annotations
@@ -15,29 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, pick, row_probs
+from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, residual_rows
+from lantern.engine.model import GPT
+from lantern.engine.sampling import SamplingParams, draw
 from lantern.errors import UserError
-
-
-@dataclass
-class ChainDraft:
-    tokens: list[int]
-    q: list[Tensor]  # the distributions the drafts were drawn from
-    rows: int
-
-    @property
-    def drafter_passes(self) -> int:  # beyond the catch-up forward, which predicts x_1
-        return len(self.tokens) - 1
-
-    @property
-    def max_depth(self) -> int:
-        return len(self.tokens)
-
-    def tokens_at(self, path: list[int]) -> list[int]:
-        return [self.tokens[i] for i in path]
 
 
 @dataclass(frozen=True)
@@ -60,56 +43,37 @@ class Chain:
     def check(self, target: GPT) -> None:
         pass
 
-    def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
-              generator: torch.Generator) -> ChainDraft:
-        R, device = pred.shape[0], pred.device
-        g = min(self.gamma, left)
-        tokens, qs = [], []
-        for i in range(g):
-            q = row_probs(drafter.head(pred[:, -1]), params, n_done + i)
-            tokens.append(pick(q, params, generator))
-            qs.append(q)
-            if i < g - 1:
-                x = drafter.embed_tokens(torch.tensor([tokens[-1]] * R, device=device))[:, None]
-                pred = drafter.step(x, pred, Q + i)
-        return ChainDraft(tokens, qs, R)
 
-    def verify(self, target: GPT, y: int, draft: ChainDraft, Q: int) -> tuple[Tensor, Tensor]:
-        device = target.output.weight.device
-        g = len(draft.tokens)
-        seq = torch.tensor([y] + draft.tokens, device=device)
-        pos = torch.arange(Q, Q + g + 1, device=device)
-        emb = target.embed_tokens(seq.expand(draft.rows, -1))
-        return target.forward_cached(emb, pos, pos, causal_mask(g + 1, target.cache_len, device, start=Q))
-
-    def accept(self, logits: Tensor, draft: ChainDraft, params: SamplingParams, n_done: int, table: Tensor | None,
-               rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        a, p = verify_chain(chain_probs(logits, params, n_done), draft.q, draft.tokens, params, table, rule, generator)
-        return list(range(a)), p
-
-
-def chain_probs(logits: Tensor, params: SamplingParams, n_done: int) -> Tensor:
-    """[g + 1, V]: the target's processed distribution at each verified position (logits [R, g + 1, V], rows
-    CFG-mixed), the first being that of image token n_done."""
-    return torch.stack([row_probs(logits[:, j], params, n_done + j) for j in range(logits.shape[1])])
-
-
-def verify_chain(P: Tensor, q: list[Tensor], tokens: list[int], params: SamplingParams, table: Tensor | None,
-                 rule: AcceptRule, generator: torch.Generator) -> tuple[int, Tensor]:
-    """(accepted prefix length a, the next token's distribution) for drafts x_1..x_g drawn from q_1..q_g, against
-    the target's P [g + 1, V]: greedy tests all positions at once; sampling draws one uniform per tried position,
-    stops at the first rejection and returns the residual there, or P[g] when all pass. Shared by the EAGLE chain
-    and by Jacobi decoding (jacobi.py), whose drafts are the target's own earlier guesses."""
-    g = len(tokens)
-    X = torch.tensor(tokens, device=P.device)
+def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, params: SamplingParams,
+                  table: Tensor | None, rule: AcceptRule, tried_from: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The longest accepted prefix of n chains at once, on the device (greedy: the longest prefix of drafts that
+    pass the rule's greedy test; sampling: one uniform per tried draft, accept while u < min(1, p~(x) / q(x))):
+    drafts X [n, G] (chain i: its first g[i]) drawn from q
+    [n, G, V], the target's P [n, G + 1, V]; u [n, ...] each chain's uniforms of the round (None: greedy), the
+    tried drafts' at columns tried_from[i] + j (default g[i]: after the drafts' own) and the next token's at
+    tried_from[i] + tries. Returns (accepted lengths a [n],
+    next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
+    but for rules with their own residual (rule.impl), which take it row by row."""
+    n, G = X.shape
+    j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
+    tried_from = g if tried_from is None else tried_from
+    valid = j < g[:, None]
     if params.greedy:
-        ok = greedy_accept(P[:g], X, table, rule).tolist()
-        a = ok.index(False) if False in ok else g
-        return a, P[a]
-    A, _, M = accept_probability(P[:g], torch.stack(q), X, table, rule)
-    a = 0
-    while a < g and torch.rand((), generator=generator, dtype=torch.float64).item() < A[a].item():
-        a += 1
-    if a < g:
-        return a, residual(P[a], q[a], tokens[a], int(M[a]), table, rule)
-    return g, P[g]
+        ok = greedy_accept(P[:, :G], X, table, rule) & valid
+    else:
+        A, _, M = accept_probability(P[:, :G], q, X, table, rule)
+        ok = (u.gather(1, tried_from[:, None] + j) < A) & valid
+    a = ok.long().cumprod(-1).sum(-1)
+    p = P[rows, a]
+    if params.greedy:
+        return a, p.argmax(-1)
+    at = a.clamp(max=G - 1)  # the first rejected draft (a row that accepted all of them ignores it)
+    rejected = a < g
+    if rule.impl is None:
+        res = residual_rows(P[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
+        p = torch.where(rejected[:, None], res, p)
+    else:
+        read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()
+        p = torch.stack([residual(P[i, t], q[i, t], x, m, table, rule) if r else p[i]
+                         for i, (r, t, x, m) in enumerate(read)])
+    return a, draw(p, u.gather(1, (tried_from + torch.minimum(a + 1, g))[:, None])[:, 0])

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from lantern.engine import compiled
 from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, logits_to_probs, mix_cfg, next_tokens
+from lantern.engine.sampling import SamplingParams, Uniforms, logits_to_probs, mix_cfg, next_tokens
 from lantern.engine.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
 
 
@@ -89,12 +89,15 @@ def generate(
             step = decode_step
             model.setup_cache(rows.shape[0])
     tokens = torch.empty(B, N, dtype=torch.long, device=device)
-    input_pos = torch.tensor([T], device=device)
+    input_pos = torch.full((1,), T, device=device)
+    with timer.section("other"):  # every image's N uniforms, one per token, in one copy: no host sync per token
+        u = None if params.greedy else Uniforms(generators, N, device).u
     with timer.section("verify"):
         logits, _ = prefill(model, rows, rows_mask)
     for i in range(N):
         with timer.section("other"):
-            tokens[:, i] = next_tokens(logits_to_probs(mix_cfg(logits, params, i), params), params, generators)
+            probs = logits_to_probs(mix_cfg(logits, params, i), params)
+            tokens[:, i] = next_tokens(probs, params, None if u is None else u[:, i])
         if i == N - 1:
             break
         with timer.section("verify"):

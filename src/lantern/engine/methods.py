@@ -115,9 +115,6 @@ class Drafting:
     params: tuple[Param, ...]
     build: Callable[[dict], Any]
     drafter: bool = True
-    # "module:function" of its batched decoder (engine modules; speculative.generate's contract, drafter first when
-    # it has one); "" = a batch is decoded image by image
-    batched: str = ""
 
 
 # -- the parameters ---------------------------------------------------------------------------------------------
@@ -235,14 +232,11 @@ for _entry in (
            "the draft index i in a round", (SCALE, NU, MU), make_rule=_own("peers", "coolsd_rule")),
     Family("gsd", "GSD", "grouped acceptance p(C(x))/q(C(x)) over rank-near latent neighbours of x",
            (GROUP, K, GAP), make_rule=_own("peers", "gsd_rule")),
-    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain,
-             batched="batched:batched_speculative_generate"),
-    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static,
-             batched="batched_trees:batched_tree_generate"),
-    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic,
-             batched="batched_trees:batched_tree_generate"),
+    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain),
+    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
+    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
-             "no drafter", (WINDOW,), _jacobi, drafter=False, batched="jacobi:batched_jacobi_generate"),
+             "no drafter", (WINDOW,), _jacobi, drafter=False),
 ):
     register(_entry)
 
@@ -480,20 +474,13 @@ def drafting(spec: dict):
 def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbours_path: str | None,
                   vq_path: str | None, device, compile: bool = False):
     """(cond [B] or [B, T, C], generators, cond_mask [B, T] or None) -> (tokens [B, N], [ImageStats] * B) for a
-    speculative point (`lantern sample`). One image is decoded by the single-image loop (the paper's batch-1
-    latency); a batch by the drafting kind's batched decoder when it has one (ragged rows, the same tokens per
-    image), else image by image. compile: the batched decoder at every batch size, its verify forward compiled
-    with static shapes (engine/batched.py)."""
-    import importlib
-
+    speculative point (`lantern sample`): speculative.decode, the one loop of every drafting kind (one image is a
+    batch of one). compile: its verify forward compiled with static shapes (engine/batched.py)."""
     from lantern.engine.neighbours import load_neighbours, read_codebook
-    from lantern.engine.speculative import decode_each
+    from lantern.engine.speculative import decode
 
     spec = normalize(spec)
-    accept, draft, kind = rule(spec), drafting(spec), DRAFTINGS[spec["drafting"]]
-    if compile and not kind.batched:
-        raise UserError(f"compile: true needs a batched decoder, which {spec['drafting']} drafting lacks; "
-                        "set compile: false")
+    accept, draft = rule(spec), drafting(spec)
     if needs_drafter(spec) and not drafter_path:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter checkpoint (--drafter)")
     table = None
@@ -505,24 +492,14 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
                             f"{target.args.vocab_size}")
         table = table.to(device)
-    models = (target,)
+    drafter = None
     if needs_drafter(spec):
         from lantern.engine.drafter import load_drafter
-        from lantern.engine.speculative import speculative_decode as decode
 
-        models = (target, load_drafter(drafter_path, target))
-    else:
-        from lantern.engine.jacobi import jacobi_decode as decode
-    batched = None
-    if kind.batched:
-        module, name = kind.batched.split(":")
-        batched = getattr(importlib.import_module(f"lantern.engine.{module}"), name)
+        drafter = load_drafter(drafter_path, target)
 
     def run(cond, generators, cond_mask=None):
-        if batched is not None and (len(generators) > 1 or compile):
-            return batched(*models, cond, params, accept, draft, generators, table, cond_mask, compile=compile)
-        return decode_each(lambda c, g, m: decode(*models, c, params, accept, draft, g, table, m), cond, generators,
-                           cond_mask)
+        return decode(target, drafter, cond, params, accept, draft, generators, table, cond_mask, compile=compile)
 
     return run
 

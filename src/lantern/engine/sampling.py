@@ -1,7 +1,9 @@
 """Sampling arithmetic every decoder shares: per-image seeds, CFG mixing, temperature / top-k / top-p, draws.
 
 Every image owns a CPU `torch.Generator` seeded from (global seed, image index) and draws one uniform per sampled
-token from it, so an image never depends on its batch, its shard or the device it ran on.
+token from it, so an image never depends on its batch, its shard or the device it ran on. The decoders draw an
+image's uniforms ahead (`Uniforms`), send them to the device in one copy, and draw tokens there (`draw`), so a
+token costs no host sync.
 """
 
 from __future__ import annotations
@@ -108,11 +110,39 @@ def sample_index(probs: Tensor, generator: torch.Generator) -> int:
     return idx
 
 
-def next_tokens(probs: Tensor, params: SamplingParams, generators: list[torch.Generator]) -> Tensor:
-    """One token per row: argmax under greedy, else a draw with that row's own generator."""
+def draw(probs: Tensor, u: Tensor) -> Tensor:
+    """`sample_index` for many rows at once, on the device and without a host sync: probs [..., V], u [...] uniforms
+    in [0, 1) (float64, drawn from each row's generator) -> indices [...]; the very index sample_index gives for the
+    same uniform."""
+    cdf = probs.detach().double().cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+    V = probs.shape[-1]
+    last = V - 1 - (probs > 0).flip(-1).int().argmax(-1)  # u rounded onto the total mass: the last positive index
+    return torch.where(idx >= V, last, idx)
+
+
+class Uniforms:
+    """Each image's uniforms for a stretch of decoding (a round), drawn ahead from its own generator and sent to
+    the device in one copy. `used` then advances every generator by exactly the uniforms its image consumed, so an
+    image's stream is the one drawing them one at a time would give (torch draws a generator's uniforms serially)."""
+
+    def __init__(self, generators: list[torch.Generator], k: int, device, rows: list[int] | None = None):
+        self.generators = generators if rows is None else [generators[b] for b in rows]
+        self.states = [g.get_state() for g in self.generators]
+        u = [torch.rand(k, generator=g, dtype=torch.float64, device=g.device) for g in self.generators]
+        self.u = torch.stack(u).to(device)  # [images, k]
+
+    def used(self, counts: list[int]) -> None:
+        for g, state, n in zip(self.generators, self.states, counts):
+            g.set_state(state)
+            torch.rand(n, generator=g, dtype=torch.float64, device=g.device)
+
+
+def next_tokens(probs: Tensor, params: SamplingParams, u: Tensor | None) -> Tensor:
+    """One token per row: argmax under greedy, else a draw with that row's uniform u [rows] (`draw`)."""
     if params.greedy:
         return probs.argmax(-1)
-    return torch.tensor([sample_index(p, g) for p, g in zip(probs, generators)], device=probs.device)
+    return draw(probs, u)
 
 
 def pick(p: Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -11,29 +11,40 @@ import torch
 
 
 class StepTimer:
-    """Wall-clock per section; CUDA work is synchronised at section boundaries so time lands where it is spent."""
+    """Time per section. On CUDA a section records a pair of CUDA events and never synchronises the host: the
+    device time between them is read once, when `seconds` is first asked for (after decoding). Elsewhere wall-clock
+    time (perf_counter), the device being the host."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
-        self.seconds: dict[str, float] = {}
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self._seconds: dict[str, float] = {}
+        self._events: list[tuple[str, object, object]] = []
 
     @contextmanager
     def section(self, name: str):
-        self._sync()
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._events.append((name, start, end))
+            return
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self._sync()
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - t0
 
     @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
+    def seconds(self) -> dict[str, float]:
+        if self._events:
+            self._events[-1][2].synchronize()  # the one sync: after the last section
+            for name, start, end in self._events:
+                self._seconds[name] = self._seconds.get(name, 0.0) + start.elapsed_time(end) / 1e3
+            self._events = []
+        return self._seconds
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Draft trees: static shapes (EAGLE-1, LANTERN++) and dynamic trees (EAGLE-2), verified in one target forward.
 
-One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py:
+One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py (the
+batched rounds: batched_trees.py):
 1. draft: the drafter catches up over the last accepted path with the target's true hidden states (one forward),
    then grows the tree a level at a time: one drafter forward over the nodes of a depth that get children, each
    node reading its parent's predicted hidden state at drafter position Q + depth - 1 and seeing its ancestors;
@@ -10,14 +11,15 @@ One round, with y the newest token at target position Q (not yet fed to the targ
    path; sampling walks down from y, trying each node's children in order with multi-candidate verification
    (acceptance.verify_candidates), and ends on a correction drawn from the residual or a bonus token below an
    accepted leaf; greedy emits the target's argmax after the path;
-4. commit (the shared loop): the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep); the next catch-up
+4. commit: the accepted nodes' cache entries move into slots Q + 1 .. Q + a (model.keep_rows); the next catch-up
    rewrites the drafter's.
 
 Children of a node: under greedy, and on every dynamic tree, the parent's top-ranked drafter tokens, verified as
 deterministic drafts (q = 1: a rejected token leaves p, which is renormalised). Under sampling a static tree draws
-children from the drafter distribution without replacement (ordered Gumbel-top-k, which is successive sampling
-without replacement) and keeps the parent's q: verification tries child j with its conditional draft probability
-q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each rejection.
+children from the drafter distribution without replacement (successive inverse-CDF draws, one uniform per child
+from the image's generator: the law of ordered Gumbel-top-k) and keeps the parent's q: verification tries child j
+with its conditional draft probability q(x_j) / (1 - q(x_1) - .. - q(x_{j-1})) and residualises p and q after each
+rejection.
 
 Static shapes are rank paths: (0, 2) is the third-ranked child of the root's top-ranked child. Every parent's
 child ranks must be 0 .. c - 1 (successive draws) and below STATIC_TOP_K. `naive_extend_57` (the default) is the
@@ -39,9 +41,8 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
-from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, row_probs
+from lantern.engine.sampling import SamplingParams, draw, row_probs
 from lantern.errors import UserError
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
@@ -73,7 +74,7 @@ class Draft:
     depth: Tensor  # [n], >= 1
     parent: Tensor  # [n], -1: a child of y
     block: Tensor  # [n + 1, n + 1] bool: ancestors and self over [y, nodes]
-    children: list[list[int]]  # children[i + 1] of node i (children[0]: of y), in the order they are tried
+    children: list[list[int]] | None  # children[i + 1] of node i (children[0]: of y), in the order they are tried
     q: Tensor | None = None  # [rows, V] drafter distributions children were sampled from; None: deterministic
     q_row: list[int] | None = None  # row of q for [y, nodes]
     drafter_passes: int = 0
@@ -81,13 +82,17 @@ class Draft:
     # their greedy path does not re-sort); False where their rows are sorted paths (static trees), whose first
     # deepest accepted path is already the first deepest node.
     leaf_order: bool = False
+    ok: Tensor | None = None  # [n] bool: a sampled child drawn from mass left in q (others are never offered)
+    kids: Tensor | None = None  # [n + 1, c] the children on the device, -1 padded (when `children` is None)
+
+    def child_lists(self) -> list[list[int]]:
+        if self.children is None:
+            self.children = [[c for c in row if c >= 0] for row in self.kids.tolist()]
+        return self.children
 
     @property
     def max_depth(self) -> int:
         return int(self.depth.max())
-
-    def tokens_at(self, path: list[int]) -> list[int]:
-        return self.tokens[path].tolist()
 
 
 @dataclass
@@ -96,8 +101,7 @@ class TreePass:
     position Q + pos, written to drafter cache slots Q + slots [S], each seeing the committed prefix and the tree
     slots anc [S, m] from Q on, and reading its parent's predicted hidden state hidden [R, S, d]. Its answer: the
     predicted hidden states [R, S, d] and their distributions [S, V] (row_probs at image-token index
-    n_done + pos + 1). One image's growth runs its passes alone (run_growth); batched decoding runs those of many
-    images in one drafter forward (batched_trees.py)."""
+    n_done + pos + 1). batched_trees.TreeRounds runs the passes of every growing image in one drafter forward."""
 
     tokens: Tensor
     hidden: Tensor
@@ -106,43 +110,16 @@ class TreePass:
     anc: Tensor
 
 
-def run_growth(growth, drafter: Drafter, params: SamplingParams, Q: int, n_done: int) -> "Draft":
-    """Drive a tree's `growth` (a generator of TreePass requests returning the Draft) for one image."""
-    answer = None
-    while True:
-        try:
-            ask = growth.send(answer)
-        except StopIteration as done:
-            return done.value
-        R = ask.hidden.shape[0]
-        emb = drafter.embed_tokens(ask.tokens)[None].expand(R, -1, -1)
-        pos = torch.full((len(ask.tokens),), Q + ask.pos, device=ask.tokens.device)
-        hidden = drafter_tree_pass(drafter, emb, ask.hidden, pos, Q + ask.slots, ask.anc, Q)
-        answer = hidden, row_probs(drafter.head(hidden), params, n_done + ask.pos + 1)
-
-
-class TreeRounds:
-    """The round of speculative.speculative_decode for draft trees: `growth` is the shape's own drafting, a
-    generator of the drafter passes it needs (TreePass) that returns the Draft. A shape names its reserved cache
-    slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes write)."""
+class TreeShape:
+    """A draft tree's shape: `growth` is its own drafting, a generator of the drafter passes it needs (TreePass)
+    that returns the Draft, and `accept` verifies a round (batched_trees.TreeRounds runs both for a batch). A shape
+    names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
+    write)."""
 
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
                             f"{target.args.vocab_size}")
-
-    def draft(self, drafter: Drafter, pred: Tensor, params: SamplingParams, Q: int, n_done: int, left: int,
-              generator: torch.Generator) -> "Draft":
-        q_root = row_probs(drafter.head(pred), params, n_done)[0]
-        return self.grow(drafter, pred, q_root, params, Q, n_done, left, generator)
-
-    def grow(self, drafter: Drafter, pred: Tensor, q_root: Tensor, params: SamplingParams, Q: int, n_done: int,
-             max_depth: int, generator: torch.Generator) -> "Draft":
-        """Grow the tree (at most max_depth deep) below y: pred [R, 1, d] = the drafter's predicted h_Q, q_root [V]."""
-        return run_growth(self.growth(pred, q_root, params, max_depth, generator), drafter, params, Q, n_done)
-
-    def verify(self, target: GPT, y: int, draft: "Draft", Q: int) -> tuple[Tensor, Tensor]:
-        return verify_tree(target, y, draft, Q)
 
     def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
                rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
@@ -167,7 +144,7 @@ class _Level:
     runner_anc: Tensor  # [runners, n] their ancestors and themselves
 
 
-class StaticTree(TreeRounds):
+class StaticTree(TreeShape):
     """A static draft shape from rank paths; masks, levels and gather indices are computed once, on `device`."""
 
     def __init__(self, paths, name: str = "custom", device="cpu"):
@@ -233,38 +210,55 @@ class StaticTree(TreeRounds):
     def describe(self) -> str:
         return f"static tree {self.name} ({self.n} nodes, depth {self.depth})"
 
-    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
-               generator: torch.Generator):
-        """The shape cut at max_depth, a level at a time (TreeRounds.growth)."""
+    def uniforms(self, max_depth: int) -> int:
+        """Uniforms a sampled growth of the shape cut at max_depth draws: `width` per row of every level."""
+        total, rows = 0, 1
+        for lvl in self.upto(max_depth).levels:
+            total, rows = total + rows * lvl.width, len(lvl.runners)
+        return total
+
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int, u: Tensor | None):
+        """The shape cut at max_depth, a level at a time (TreeShape.growth); u: the image's `uniforms(max_depth)`
+        uniforms on the device (sampling)."""
         shape = self.upto(max_depth)
         device = pred.device
         sampled = not params.greedy
         tokens = torch.empty(shape.n, dtype=torch.long, device=device)
-        keys = torch.empty(shape.n, dtype=torch.float64, device=device) if sampled else None
-        q, hidden, qs = q_root[None], pred, [q_root[None]]
+        ok = torch.empty(shape.n, dtype=torch.bool, device=device) if sampled else None
+        q, hidden, qs, used = q_root[None], pred, [q_root[None]], 0
         for d, lvl in enumerate(shape.levels):
-            if sampled:  # ordered Gumbel-top-k: successive draws without replacement
-                u = torch.rand(q.shape, generator=generator, dtype=torch.float64).to(device).clamp_(min=1e-300)
-                top = (q.double().log() - (-u.log()).log()).topk(lvl.width, dim=-1)
-                keys[lvl.lo : lvl.hi] = top.values[lvl.parent_row, lvl.rank]
+            if sampled:  # successive inverse-CDF draws without replacement: `width` uniforms per row
+                top, mass = successive_draws(q, u[used : used + q.shape[0] * lvl.width].view(q.shape[0], lvl.width))
+                used += q.shape[0] * lvl.width
+                ok[lvl.lo : lvl.hi] = mass[lvl.parent_row, lvl.rank]
             else:
-                top = q.topk(lvl.width, dim=-1)
-            tokens[lvl.lo : lvl.hi] = top.indices[lvl.parent_row, lvl.rank]
+                top = q.topk(lvl.width, dim=-1).indices
+            tokens[lvl.lo : lvl.hi] = top[lvl.parent_row, lvl.rank]
             if not len(lvl.runners):
                 break
             hidden, q = yield TreePass(tokens[lvl.runners], hidden[:, lvl.runner_parent_row], d, lvl.runners,
                                        lvl.runner_anc)
             qs.append(q)
-        children = shape.children
-        if sampled:  # a child past the support of q (keys -inf) is never offered
-            ok = (keys > float("-inf")).tolist()
-            children = [[c for c in cs if ok[c]] for cs in children]
-        return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block, children=children,
-                     q=torch.cat(qs) if sampled else None, q_row=shape.q_row, drafter_passes=len(qs) - 1)
+        return Draft(tokens=tokens, depth=shape.depths, parent=shape.parent, block=shape.block,
+                     children=shape.children, q=torch.cat(qs) if sampled else None, q_row=shape.q_row,
+                     drafter_passes=len(qs) - 1, ok=ok)
+
+
+def successive_draws(q: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Ordered draws without replacement from each row of q [rows, V], one uniform each (u [rows, w]): draw j is
+    an inverse-CDF draw from q without draws 1..j-1 (the law of ordered Gumbel-top-w with w uniforms instead of V).
+    Returns (tokens [rows, w], whether q had mass left for each draw [rows, w])."""
+    left = q.double().clone()
+    tokens, mass = [], []
+    for j in range(u.shape[1]):
+        mass.append(left.sum(-1) > 0)
+        tokens.append(draw(left, u[:, j]))
+        left.scatter_(-1, tokens[-1][:, None], 0.0)
+    return torch.stack(tokens, 1), torch.stack(mass, 1)
 
 
 @dataclass(frozen=True)
-class DynamicTree(TreeRounds):
+class DynamicTree(TreeShape):
     """EAGLE-2 dynamic tree (the LANTERN code's defaults)."""
 
     total_tokens: int = 59  # y plus the kept nodes
@@ -299,15 +293,18 @@ class DynamicTree(TreeRounds):
     def describe(self) -> str:
         return f"dynamic tree (total_tokens {self.total_tokens}, depth {self.depth}, top_k {self.top_k})"
 
-    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int,
-               generator: torch.Generator):
-        """EAGLE-2's expansions, one drafter pass each (TreeRounds.growth); draws nothing from `generator`."""
+    def uniforms(self, max_depth: int) -> int:
+        return 0
+
+    def growth(self, pred: Tensor, q_root: Tensor, params: SamplingParams, max_depth: int, u: Tensor | None):
+        """EAGLE-2's expansions, one drafter pass each (TreeShape.growth); draws no uniform."""
         device = pred.device
         k, m = self.top_k, self.drafter_extra
         levels = min(self.depth + 1, max_depth)
         score, tok = q_root.log().topk(k)
-        c_tok, c_score, c_parent, c_depth = [tok], [score], [torch.full((k,), -1, device=device)], [1] * k
-        front, hidden = torch.arange(k, device=device), pred[:, [0] * k]
+        c_tok, c_score, c_parent = [tok], [score], [torch.full((k,), -1, device=device)]
+        c_depth = [torch.full((k,), 1, device=device)]
+        front, hidden = torch.arange(k, device=device), pred.expand(-1, k, -1)
         anc = torch.zeros(k, m, dtype=torch.bool, device=device)
         anc[:, :k] = torch.eye(k, dtype=torch.bool, device=device)
         offered = k
@@ -318,7 +315,7 @@ class DynamicTree(TreeRounds):
             c_tok.append(lt.flatten())
             c_score.append(cs)
             c_parent.append(front.repeat_interleave(k))
-            c_depth += [e + 1] * (k * k)
+            c_depth.append(torch.full((k * k,), e + 1, device=device))
             if e + 1 < levels:
                 best = cs.topk(k).indices
                 par = best // k
@@ -334,16 +331,17 @@ class DynamicTree(TreeRounds):
         renumber[keep] = torch.arange(n, device=device)
         up = torch.cat(c_parent)[keep]
         parent = torch.where(up >= 0, renumber[up.clamp(min=0)], up)
-        depth = torch.tensor(c_depth, device=device)[keep]
+        depth = torch.cat(c_depth)[keep]
         anc = torch.eye(n, dtype=torch.bool, device=device)
-        for d in range(2, levels + 1):
-            idx = (depth == d).nonzero().flatten()
-            anc[idx] |= anc[parent[idx]]
-        children: list[list[int]] = [[] for _ in range(n + 1)]
-        for i, p in enumerate(parent.tolist()):
-            children[p + 1].append(i)
-        return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc),
-                     children=children, drafter_passes=levels - 1, leaf_order=True)
+        for d in range(2, levels + 1):  # a level at a time: the parents' rows are complete
+            anc = torch.where((depth == d)[:, None], anc | anc[parent.clamp(min=0)], anc)
+        # children on the device, [n + 1, top_k] in node order (-1: none): no host sync per tree
+        is_child = parent[None, :] + 1 == torch.arange(n + 1, device=device)[:, None]
+        rank = torch.where(is_child, is_child.long().cumsum(1) - 1, k)
+        kids = torch.full((n + 1, k + 1), -1, dtype=torch.long, device=device)
+        kids = kids.scatter(1, rank, torch.arange(n, device=device).expand(n + 1, n).clone())[:, :k]
+        return Draft(tokens=torch.cat(c_tok)[keep], depth=depth, parent=parent, block=_block(anc), children=None,
+                     kids=kids, drafter_passes=levels - 1, leaf_order=True)
 
 
 def validate_tree_paths(paths) -> list[tuple[int, ...]]:
@@ -401,24 +399,6 @@ def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     return visible
 
 
-def drafter_tree_pass(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, anc: Tensor,
-                      Q: int) -> Tensor:
-    """Drafter over tree nodes at positions `pos`, cache slots `slots`; anc [S, m] = the tree slots (from Q on)
-    each node sees. Returns the predicted hidden states [R, S, d]."""
-    return drafter.forward_cached(emb, hidden, pos, _visible(len(slots), drafter.cache_len, Q, anc), slots)
-
-
-def verify_tree(target: GPT, root: int, draft: Draft, Q: int) -> tuple[Tensor, Tensor]:
-    """One target forward over [y, nodes]: (logits, hidden) [R, n + 1, ...]; writes cache slots Q .. Q + n."""
-    R = target.cache_key_valid.shape[0]
-    device = draft.tokens.device
-    seq = torch.cat([torch.tensor([root], device=device), draft.tokens])
-    pos = Q + torch.cat([torch.zeros(1, dtype=torch.long, device=device), draft.depth])
-    slots = Q + torch.arange(len(seq), device=device)
-    visible = _visible(len(seq), target.cache_len, Q, draft.block)
-    return target.forward_cached(target.embed_tokens(seq)[None].expand(R, -1, -1), pos, slots, visible)
-
-
 def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
     """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes.
 
@@ -435,7 +415,7 @@ def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRul
     if depth == 0:
         return [], P[0]
     if rule.authors_ties and draft.leaf_order:
-        leaf = torch.tensor([not c for c in draft.children[1:]], device=anc.device)
+        leaf = anc.sum(0) == 1  # a node on no other node's path (its own row holds it once)
         row_reach = torch.where(anc, reach[None], 0).amax(1)  # a leaf's row: its deepest accepted ancestor
         first = int((leaf & (row_reach == depth)).nonzero()[0])
         best = int((anc[first] & (reach == depth)).nonzero()[0])
@@ -446,9 +426,10 @@ def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRu
                    generator: torch.Generator) -> tuple[list[int], Tensor]:
     """Walk from y: verify each node's children in order; (accepted nodes, distribution of the next token)."""
     tokens = draft.tokens.tolist()
+    ok = None if draft.ok is None else draft.ok.tolist()  # a child past the support of q is never offered
     node, path = -1, []
     while True:
-        p, cands = P[node + 1], draft.children[node + 1]
+        p, cands = P[node + 1], [c for c in draft.child_lists()[node + 1] if ok is None or ok[c]]
         if not cands:
             return path, p
         u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
