@@ -29,7 +29,7 @@ from PIL import Image
 from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
 from lantern.engine.neighbours import FORMAT as NEIGHBOURS_FORMAT, NeighbourParams, build_table, read_codebook
 from lantern.pipeline.cli import main as cli
-from llamagen_world import GPT_SIZE, write_gpt
+from llamagen_world import GPT_SIZE, write_authors_drafter, write_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy" / "default"
@@ -107,8 +107,6 @@ CONFIGS = [
     ("shards-beyond-batches", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 8}}},
      r"leaves a shard without images"),
     ("bootstrap-negative", {"metrics": {"bootstrap": -3}}, r"metrics\.bootstrap"),
-    ("mode-images-beyond-n", {"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 40}}},
-     r"sweep\.mode_images\.greedy = 40 must lie between"),
     ("inception-without-weights", {"metrics": {"fid_extractor": "inception-v3-compat"}},
      r"metrics\.inception_weights is empty"),
     ("llamagen-missing-gpt", {"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_L_256.pt"}},
@@ -118,6 +116,20 @@ CONFIGS = [
      r"llamagen\.vq_ckpt = /nope/vq_ds16_c2i\.pt does not exist"),
     ("llamagen-image-size", {"world": "llamagen", "llamagen": {"image_size": 250}},
      r"llamagen\.image_size = 250 is not allowed; use one of"),
+    # outdir: empty, the filesystem root, an existing file, or a path through one (issue #30)
+    ("outdir-empty", {"outdir": ""}, r"config: outdir is empty; set it to the folder"),
+    ("outdir-blank", {"outdir": "  "}, r"config: outdir is empty"),
+    ("outdir-root", {"outdir": "/"}, r"config: outdir = / is the filesystem root"),
+    ("outdir-root-spelt-otherwise", {"outdir": "/tmp/.."}, r"config: outdir = /tmp/\.\. is the filesystem root"),
+    ("outdir-is-a-file", {"outdir": str(REPO / "config" / "config.yaml")}, r"config\.yaml is an existing file, not a folder"),
+    ("outdir-inside-a-file", {"outdir": str(REPO / "config" / "config.yaml" / "results")},
+     r"outdir = .*config\.yaml/results lies inside the existing file .*config\.yaml"),
+    # YAML spelling in an enum's answer: true / false, never Python's True / False
+    ("compile-number", {"compile": 1}, r"compile = 1 is not allowed; use one of auto, true, false$"),
+    ("compile-python-word", {"compile": "True"}, r"compile = 'True' is not allowed; use one of auto, true, false$"),
+    ("mode-images-below-shards", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 1, "greedy": 1},
+                                            "mode_images": {"sampling": 2}}},
+     r"sweep\.mode_images\.sampling = 2 is fewer than sweep\.shards \(4\)"),
 ]
 
 
@@ -160,7 +172,7 @@ def file_configs(tmp: Path, lg: dict) -> list:
         ("llamagen-empty-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(Path(empty_file(tmp)))},
                                 "metrics": ok}, r"llamagen\.gpt_ckpt: checkpoint .*empty\.pt is unreadable"),
         ("llamagen-vq-as-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": lg["vq_ckpt"]}, "metrics": ok},
-         r"llamagen\.gpt_ckpt: checkpoint .*vq\.pt is not a LlamaGen GPT"),
+         r"llamagen\.gpt_ckpt: checkpoint .*vq\.pt is a VQ tokenizer, not a LlamaGen GPT; give it as llamagen\.vq_ckpt"),
         ("llamagen-gpt-other-size", {"world": "llamagen", "llamagen": {**lg, "gpt_size": "GPT-L"}, "metrics": ok},
          r"llamagen\.gpt_ckpt: checkpoint .*c2i\.pt has 2 layers of width 64 .* set llamagen\.gpt_size"),
         ("llamagen-gpt-other-classes", {"world": "llamagen", "llamagen": {**lg, "num_classes": 1000}, "metrics": ok},
@@ -173,7 +185,8 @@ def file_configs(tmp: Path, lg: dict) -> list:
         ("llamagen-text-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": fake}, "metrics": ok},
          r"llamagen\.drafter_ckpt: checkpoint .*text\.pt is unreadable"),
         ("llamagen-gpt-as-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": lg["gpt_ckpt"]},
-                                     "metrics": ok}, r"llamagen\.drafter_ckpt: .*c2i\.pt is not a drafter"),
+                                     "metrics": ok},
+         r"llamagen\.drafter_ckpt: checkpoint .*c2i\.pt is a LlamaGen GPT, not a drafter; give it as llamagen\.gpt_ckpt"),
         ("llamagen-drafter-of-another-target", {"world": "llamagen", "llamagen": {
             **lg, "drafter_ckpt": str(TOY / "drafter.pt")}, "metrics": ok},
          r"llamagen\.drafter_ckpt: drafter .*drafter\.pt was trained for a target with dim=128"),
@@ -251,7 +264,7 @@ def test_the_llamagen_files_pass(llamagen_files, tmp_path):
 # Every config case runs through `lantern check-config`; these also through `snakemake -n` (a few seconds each):
 # one or more per layer of the validation (schema, integers, sweep, method registry, metrics, llamagen paths and
 # checkpoints), since the Snakefile runs the same validate_config.
-SNAKEMAKE_TOO = {"delta-above-1", "gamma-float", "k-inf", "same-point-twice", "methods-empty", "mode-twice",
+SNAKEMAKE_TOO = {"outdir-empty", "outdir-root", "outdir-inside-a-file", "delta-above-1", "gamma-float", "k-inf", "same-point-twice", "methods-empty", "mode-twice",
                  "shards-above-images", "unknown-nested-key", "n-images-string", "n-images-float",
                  "inception-without-weights", "llamagen-missing-gpt", "llamagen-text-vq", "llamagen-text-gpt",
                  "llamagen-drafter-of-another-target"}
@@ -307,6 +320,9 @@ CONFIG_FILE_CASES = [
     ("config-flag-float-seed", lambda t: [CONFIG, "--config", "seed=2.5"], r"seed = 2\.5 has the wrong type"),
     ("config-flag-empty", lambda t: [CONFIG, "--config"], r"--config needs at least one key=value"),
     ("no-config-file", lambda t: [], r"usage: lantern check-config"),
+    ("overlay-all-commented-out", lambda t: [CONFIG, config_file(t, "off.yaml", "# sweep:\n#   n_images: 8\n")],
+     r"config file .*off\.yaml holds no keys \(empty, or every line commented out\), which Snakemake refuses"),
+    ("overlay-empty", lambda t: [CONFIG, config_file(t, "empty.yaml", "")], r"config file .*empty\.yaml holds no keys"),
 ]
 
 
@@ -420,8 +436,17 @@ FILE_CASES = [
      r"truncated\.pt is unreadable: .*truncated"),
     ("target-holds-a-list", lambda f, o: sample(o, **{"--target": str(f / "list.pt")}),
      r"list\.pt holds a list, not a mapping of tensors"),
-    ("vq-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "vq.pt")}), r"vq\.pt"),
-    ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}), r"VQ checkpoint .*target\.pt"),
+    ("vq-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "vq.pt")}),
+     r"checkpoint .*vq\.pt is a VQ tokenizer, not a LlamaGen GPT; give it as llamagen\.vq_ckpt / --vq"),
+    ("drafter-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "drafter.pt")}),
+     r"checkpoint .*drafter\.pt is a drafter, not a LlamaGen GPT; give it as llamagen\.drafter_ckpt"),
+    ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}),
+     r"target\.pt is a LlamaGen GPT, not a VQ tokenizer|target\.pt has no quantize\.embedding\.weight; pass a VQ"),
+    ("target-is-a-folder", lambda f, o: sample(o, **{"--target": str(f / "empty_dir")}),
+     r"checkpoint .*empty_dir is a folder, not a file; give the checkpoint file itself"),
+    ("vq-is-a-folder", lambda f, o: sample(o, **{"--vq": str(f / "empty_dir")}), r"empty_dir is a folder, not a file"),
+    ("drafter-is-a-folder", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(f / "empty_dir")}),
+     r"empty_dir is a folder, not a file"),
     ("vq-empty-file", lambda f, o: sample(o, **{"--vq": str(f / "empty.pt")}), r"empty\.pt is unreadable"),
     ("target-and-vq-disagree", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
         {"gpt_size": GPT_SIZE, "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
@@ -436,7 +461,9 @@ FILE_CASES = [
      r"text\.pt is unreadable"),
     ("drafter-given-the-target", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
                                                            "--drafter": str(TOY / "target.pt")}),
-     r"target\.pt is not a drafter checkpoint"),
+     r"target\.pt is a LlamaGen GPT, not a drafter; give it as llamagen\.gpt_ckpt / --target"),
+    ("drafter-given-the-vq", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(TOY / "vq.pt")}),
+     r"vq\.pt is a VQ tokenizer, not a drafter; give it as llamagen\.vq_ckpt / --vq"),
     ("drafter-format-only", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
                                                       "--drafter": str(f / "format_only_drafter.pt")}),
      r"format_only_drafter\.pt is not a drafter checkpoint"),
@@ -562,3 +589,183 @@ def test_bad_file_or_argument_is_one_line(make_args, pattern, files, tmp_path, c
 
 def test_the_table_is_large_enough():
     assert len(CONFIGS) + len(FILE_CONFIG_IDS) + len(CONFIG_FILE_CASES) + len(FILE_CASES) >= 45
+
+
+# -- what the llamagen world's input files say, read by check-config before any job (issue #30) ---------------------
+def vq_file(path: Path, levels: int) -> str:
+    """An upstream-layout VQ (weights only) of a 16384-code codebook and an encoder of `levels` resolution levels:
+    5 = VQ-16, 4 = VQ-8 (one small tensor per level: a config check reads only the names)."""
+    sd = {"quantize.embedding.weight": torch.randn(16384, 8),
+          **{f"encoder.conv_blocks.{i}.res.0.norm1.weight": torch.ones(4) for i in range(levels)}}
+    torch.save({"model": sd}, path)
+    return str(path)
+
+
+def class_tree(root: Path, counts: dict[str, int]) -> str:
+    for name, n in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            (root / name / f"{i}.png").write_bytes(png_bytes(8, seed=i))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, llamagen_files) -> dict:
+    """Good inputs of both llamagen model types, which the cases below spoil one at a time: a t2i GPT, VQ-16 and
+    VQ-8 files, prompt files (CSV, JSONL, COCO), T5 folders, the authors' drafter, drafter image folders."""
+    root = tmp_path_factory.mktemp("inputs")
+    n = 200  # config.yaml's sweep.n_images
+    write_gpt(root / "t2i.pt", "t2i")
+    f = {"root": root, "vq16": vq_file(root / "vq16.pt", 5), "vq8": vq_file(root / "vq8.pt", 4)}
+    (root / "prompts.csv").write_text("id,caption\n" + "".join(f"{i},a picture number {i}\n" for i in range(n)))
+    (root / "ten.csv").write_text("id,caption\n" + "".join(f"{i},a picture number {i}\n" for i in range(10)))
+    (root / "ten.jsonl").write_text("".join(json.dumps({"id": i, "caption": f"picture {i}"}) + "\n" for i in range(10)))
+    (root / "coco_no_annotations.json").write_text(json.dumps({"images": [{"id": 1}], "info": {}}))
+    (root / "coco_small.json").write_text(json.dumps({"annotations": [
+        {"image_id": i, "caption": f"a long caption {i}"} for i in range(5)]}))
+    features = root / "features"
+    features.mkdir()
+    for i in range(n):
+        np.save(features / f"{i}.npy", np.zeros((1, 3, 8), dtype=np.float32))
+    partial = root / "features_partial"
+    partial.mkdir()
+    for i in range(n - 1):
+        np.save(partial / f"{i}.npy", np.zeros((1, 3, 8), dtype=np.float32))
+    for name in ("empty_folder", "t5_no_weights"):
+        (root / name).mkdir()
+    (root / "t5_no_weights" / "config.json").write_text("{}")
+    write_authors_drafter(root / "authors", llamagen_files["gpt_ckpt"])
+    (root / "authors_config_only").mkdir()
+    (root / "authors_config_only" / "config.json").write_text((root / "authors" / "config.json").read_text())
+    wrong = torch.load(root / "authors" / "pytorch_model.bin", weights_only=True)
+    wrong["fc.weight"] = torch.zeros(64, 3 * 64, dtype=torch.float16)  # a drafter for another fusion: wrong shape
+    write_authors_drafter(root / "authors_wrong", llamagen_files["gpt_ckpt"])
+    torch.save(wrong, root / "authors_wrong" / "pytorch_model.bin")
+    class_tree(root / "classes", {"n01": 2, "n02": 1})
+    (root / "flat").mkdir()
+    (root / "flat" / "0.png").write_bytes(png_bytes(8))
+    class_tree(root / "captioned", {"img": 2})
+    (root / "captioned" / "captions.csv").write_text("image,caption\nimg/0.png,a cat\nimg/1.png,a dog\n")
+    f.update({k: str(root / k) for k in ("prompts.csv", "ten.csv", "ten.jsonl", "coco_no_annotations.json",
+                                         "coco_small.json", "features", "features_partial", "empty_folder",
+                                         "t5_no_weights", "authors", "authors_config_only", "authors_wrong",
+                                         "classes", "flat", "captioned")})
+    f["t2i"] = str(root / "t2i.pt")
+    return f
+
+
+def input_worlds(f: dict, lg: dict) -> dict[str, dict]:
+    """The passing worlds: c2i with the authors' drafter or one trained on class folders, t2i with T5 features."""
+    metrics = {"reference": str(f["root"]), "resolution": 256, "class_names": "imagenet"}
+    c2i = {"world": "llamagen", "metrics": metrics, "llamagen": {**lg, "vq_ckpt": f["vq16"], "drafter_ckpt": ""}}
+    t2i_lg = {"model_type": "t2i", "gpt_ckpt": f["t2i"], "gpt_size": GPT_SIZE, "vq_ckpt": f["vq16"],
+              "prompts": {"file": f["prompts.csv"]}, "t5": {"features": f["features"]},
+              "authors_drafter": f["authors"]}
+    return {
+        "c2i-authors": merge(c2i, {"llamagen": {"authors_drafter": f["authors"]}}),
+        "c2i-train": merge(c2i, {"llamagen": {"drafter": {"images": f["classes"], "n_images": 3, "shards": 1}}}),
+        "t2i": {"world": "llamagen", "metrics": metrics, "llamagen": t2i_lg},
+    }
+
+
+def merge(base: dict, over: dict) -> dict:
+    from lantern.pipeline.config import merge_config
+
+    return merge_config(json.loads(json.dumps(base)), over)
+
+
+# (case id, passing world, its change, regex): each class of input a job refused only at run time before
+INPUT_CASES = [
+    ("downsample-8-with-a-vq16", "c2i-authors", lambda f: {"llamagen": {"downsample": 8}},
+     r"config: llamagen\.downsample = 8, but llamagen\.vq_ckpt .*vq16\.pt downsamples by 16; set llamagen\.downsample: 16 \(256 px -> 16 x 16 tokens\)"),
+    ("downsample-16-with-a-vq8", "c2i-authors", lambda f: {"llamagen": {"vq_ckpt": f["vq8"]}},
+     r"llamagen\.downsample = 16, but llamagen\.vq_ckpt .*vq8\.pt downsamples by 8"),
+    ("downsample-with-our-toy-vq", "c2i-authors", lambda f: {"llamagen": {"vq_ckpt": str(TOY / "vq.pt")}},
+     r"llamagen\.downsample = 16, but llamagen\.vq_ckpt .*vq\.pt downsamples by 4"),
+    ("t5-path-empty-folder", "t2i", lambda f: {"llamagen": {"t5": {"path": f["empty_folder"]}}},
+     r"config: llamagen\.t5\.path = .*empty_folder is empty; point it at a local flan-t5-xl folder"),
+    ("t5-path-without-weights", "t2i", lambda f: {"llamagen": {"t5": {"path": f["t5_no_weights"]}}},
+     r"llamagen\.t5\.path = .*t5_no_weights holds no weights"),
+    ("t5-features-empty-folder", "t2i", lambda f: {"llamagen": {"t5": {"features": f["empty_folder"]}}},
+     r"config: llamagen\.t5\.features = .*empty_folder is empty \(first: 0\.npy\)"),
+    ("t5-features-one-missing", "t2i", lambda f: {"llamagen": {"t5": {"features": f["features_partial"]}}},
+     r"llamagen\.t5\.features = .*features_partial lacks 1 of the 200 prompts' files \(first: 199\.npy\)"),
+    ("prompts-csv-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.csv"]}}},
+     r"config: sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.csv holds \(10\); "
+     r"lower sweep\.n_images to <= 10"),
+    ("prompts-jsonl-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.jsonl"]}}},
+     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.jsonl holds \(10\)"),
+    ("coco-without-annotations", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
+                                                                           f["coco_no_annotations.json"]}}},
+     r"config: llamagen\.prompts\.coco_captions .*coco_no_annotations\.json has no \"annotations\" list"),
+    ("coco-too-few-images", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
+                                                                      f["coco_small.json"]}}},
+     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.coco_captions .*coco_small\.json holds \(5\)"),
+    ("authors-drafter-empty-folder", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["empty_folder"]}},
+     r"config: llamagen\.authors_drafter: .*empty_folder holds none of model\.safetensors"),
+    ("authors-drafter-config-only", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["authors_config_only"]}},
+     r"config: llamagen\.authors_drafter: .*authors_config_only holds none of"),
+    ("authors-drafter-wrong-shapes", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["authors_wrong"]}},
+     r"config: llamagen\.authors_drafter: drafter tensors do not fit this target .*fc\.weight \(64, 192\) vs \(64, 128\)"),
+    ("authors-drafter-for-t2i-given-c2i", "t2i", lambda f: {"llamagen": {"authors_drafter": f["authors_wrong"]}},
+     r"llamagen\.authors_drafter: drafter tensors do not fit"),
+    ("drafter-images-too-few", "c2i-train", lambda f: {"llamagen": {"drafter": {"n_images": 4}}},
+     r"config: llamagen\.drafter\.n_images = 4 exceeds the 3 images in llamagen\.drafter\.images .*classes; "
+     r"lower llamagen\.drafter\.n_images to <= 3"),
+    ("drafter-images-default-count", "c2i-train", lambda f: {"llamagen": {"drafter": {"n_images": 100000}}},
+     r"llamagen\.drafter\.n_images = 100000 exceeds the 3 images"),
+    ("drafter-images-no-class-folders", "c2i-train", lambda f: {"llamagen": {"drafter": {"images": f["flat"]}}},
+     r"config: llamagen\.drafter\.images = .*flat has no class folders"),
+    ("drafter-images-captioned-too-few", "t2i", lambda f: {"llamagen": {"authors_drafter": "", "drafter": {
+        "images": f["captioned"], "n_images": 5, "shards": 1}}},
+     r"llamagen\.drafter\.n_images = 5 exceeds the 2 images in llamagen\.drafter\.images .*captioned"),
+    ("drafter-images-captioned-without-captions", "t2i", lambda f: {"llamagen": {"authors_drafter": "", "drafter": {
+        "images": f["classes"], "n_images": 2, "shards": 1}}},
+     r"config: llamagen\.drafter\.images: .*classes has neither of captions\.csv and captions\.jsonl"),
+]
+# through snakemake -n as well: one per kind of file
+INPUT_SNAKEMAKE_TOO = {"downsample-8-with-a-vq16", "t5-features-empty-folder", "prompts-csv-too-few",
+                       "authors-drafter-wrong-shapes", "drafter-images-too-few"}
+
+
+@pytest.mark.parametrize("world", ["c2i-authors", "c2i-train", "t2i"])
+def test_the_input_worlds_pass(world, inputs, llamagen_files, tmp_path):
+    """Each world the input cases spoil passes as it is, so each case fails for its own reason."""
+    path, _ = write_override(tmp_path, input_worlds(inputs, llamagen_files)[world])
+    r = run(lantern_cmd("check-config", CONFIG, str(path)))
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("world, change, pattern", [pytest.param(w, c, p, id=i) for i, w, c, p in INPUT_CASES])
+def test_bad_input_file_stops_before_any_job(world, change, pattern, inputs, llamagen_files, tmp_path, request):
+    path, out = write_override(tmp_path, merge(input_worlds(inputs, llamagen_files)[world], change(inputs)))
+    r = run(lantern_cmd("check-config", CONFIG, str(path)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert_one_line(r.returncode, r.stdout, r.stderr, pattern)
+    if request.node.callspec.id in INPUT_SNAKEMAKE_TOO:
+        s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path)])
+        assert error_lines(s.stderr) == error_lines(r.stderr)
+    assert not out.exists()
+
+
+def test_an_overlay_without_keys_is_refused_by_snakemake_too(tmp_path):
+    """check-config refuses it (CONFIG_FILE_CASES) because Snakemake does: both stop, neither plans a job."""
+    path = config_file(tmp_path, "off.yaml", "# sweep:\n#   n_images: 8\n")
+    s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", path])
+    assert s.returncode != 0 and "keys at top level" in s.stdout + s.stderr and "Job stats" not in s.stdout
+
+
+def test_mode_images_caps_and_never_demands(tmp_path):
+    """config.yaml's mode_images {greedy: 32} under an overlay's n_images: 8: greedy decodes min(32, 8) = 8."""
+    from lantern.pipeline.config import mode_images, mode_shard_ranges, shard_ranges, validate_config
+
+    path = config_file(tmp_path, "eight.yaml", "sweep: {n_images: 8}\n")
+    r = run(lantern_cmd("check-config", CONFIG, path))
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stderr
+    s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", path])
+    assert s.returncode == 0, s.stderr[-2000:]
+    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 8}}))
+    assert mode_images(cfg["sweep"], "greedy") == 8
+    assert mode_shard_ranges(cfg["sweep"], "greedy") == shard_ranges(8, 1, 8)
+    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 64}}))
+    assert mode_images(cfg["sweep"], "greedy") == 32  # below n_images the cap still holds
