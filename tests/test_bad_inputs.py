@@ -9,8 +9,10 @@ Tables of mistakes, each case asserting the exit code, one line on stderr, no tr
 - FILE_CASES: bad checkpoints, tables, images, prompts and arguments, through the `lantern` subcommand that reads
   them (in-process: `lantern.pipeline.cli.main`)."""
 import argparse
+import errno
 import io
 import json
+import os
 import pickle
 import re
 import struct
@@ -156,7 +158,8 @@ def file_configs(tmp: Path, lg: dict) -> list:
     GPT goes, a target that disagrees with its llamagen keys or its VQ, a drafter for another target, and t2i runs
     without their prompts or T5. `lg` is a llamagen c2i world that passes (test_the_llamagen_files_pass)."""
     fake = text_file(tmp / "text.pt")
-    vq = str(TOY / "vq.pt")
+    vq = str(tmp / "vq512.pt")  # a codebook of 512 codes, no encoder (so no downsampling to disagree on)
+    torch.save({"model": {"quantize.embedding.weight": torch.randn(512, 8)}}, vq)
     ok = {"reference": str(tmp), "resolution": 256, "class_names": "imagenet"}
     t2i = {"model_type": "t2i", "gpt_ckpt": fake, "vq_ckpt": fake}
     prompts = tmp / "prompts.csv"
@@ -182,6 +185,17 @@ def file_configs(tmp: Path, lg: dict) -> list:
          r"llamagen\.gpt_ckpt: .*is a c2i model .* set llamagen\.model_type: c2i"),
         ("llamagen-gpt-and-vq-disagree", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": vq}, "metrics": ok},
          r"llamagen\.gpt_ckpt .*predicts 16384 codes, but llamagen\.vq_ckpt .* has a codebook of 512"),
+        ("llamagen-drafter-as-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": lg["drafter_ckpt"]},
+                                     "metrics": ok},
+         r"llamagen\.gpt_ckpt: checkpoint .*drafter\.pt is a drafter, not a LlamaGen GPT; give it as llamagen\.drafter_ckpt"),
+        ("llamagen-gpt-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(tmp)}, "metrics": ok},
+         r"config: llamagen\.gpt_ckpt = .* is a folder, not a file; give the file itself"),
+        ("llamagen-vq-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": str(tmp)}, "metrics": ok},
+         r"config: llamagen\.vq_ckpt = .* is a folder, not a file"),
+        ("llamagen-drafter-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": str(tmp)},
+                                          "metrics": ok}, r"config: llamagen\.drafter_ckpt = .* is a folder, not a file"),
+        ("llamagen-prompts-file-is-a-folder", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"file": str(tmp)}}},
+         r"config: llamagen\.prompts\.file = .* is a folder, not a file"),
         ("llamagen-text-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": fake}, "metrics": ok},
          r"llamagen\.drafter_ckpt: checkpoint .*text\.pt is unreadable"),
         ("llamagen-gpt-as-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": lg["gpt_ckpt"]},
@@ -211,7 +225,9 @@ def empty_file(tmp: Path) -> str:
 
 FILE_CONFIG_IDS = ("llamagen-text-vq", "llamagen-gpt-as-vq", "llamagen-text-gpt", "llamagen-empty-gpt",
                    "llamagen-vq-as-gpt", "llamagen-gpt-other-size", "llamagen-gpt-other-classes",
-                   "llamagen-gpt-is-c2i-not-t2i", "llamagen-gpt-and-vq-disagree", "llamagen-text-drafter",
+                   "llamagen-gpt-is-c2i-not-t2i", "llamagen-gpt-and-vq-disagree", "llamagen-drafter-as-gpt",
+                   "llamagen-gpt-is-a-folder", "llamagen-vq-is-a-folder", "llamagen-drafter-is-a-folder",
+                   "llamagen-prompts-file-is-a-folder", "llamagen-text-drafter",
                    "llamagen-gpt-as-drafter", "llamagen-drafter-of-another-target", "llamagen-t2i-without-prompts",
                    "llamagen-missing-prompts-file", "llamagen-missing-coco", "llamagen-missing-t5",
                    "llamagen-missing-reference")
@@ -443,7 +459,7 @@ FILE_CASES = [
     ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}),
      r"target\.pt is a LlamaGen GPT, not a VQ tokenizer|target\.pt has no quantize\.embedding\.weight; pass a VQ"),
     ("target-is-a-folder", lambda f, o: sample(o, **{"--target": str(f / "empty_dir")}),
-     r"checkpoint .*empty_dir is a folder, not a file; give the checkpoint file itself"),
+     r"--target .*empty_dir is a folder, not a file; give the file itself"),
     ("vq-is-a-folder", lambda f, o: sample(o, **{"--vq": str(f / "empty_dir")}), r"empty_dir is a folder, not a file"),
     ("drafter-is-a-folder", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(f / "empty_dir")}),
      r"empty_dir is a folder, not a file"),
@@ -769,3 +785,115 @@ def test_mode_images_caps_and_never_demands(tmp_path):
     assert mode_shard_ranges(cfg["sweep"], "greedy") == shard_ranges(8, 1, 8)
     cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 64}}))
     assert mode_images(cfg["sweep"], "greedy") == 32  # below n_images the cap still holds
+
+
+# -- a full or unwritable disk, wherever the project writes: one line naming the path, nothing half-written --------
+def writers(f: Path, out: Path) -> dict[str, list[str]]:
+    """A command per kind of output: a table (prompts CSV), a torch file (neighbour table), images + rows +
+    manifest (sample), a JSON (evaluate)."""
+    return {"prompts": ["prompts", "--file", str(f / "prompts.csv"), "--out", str(out / "prompts.csv")],
+            "neighbours": ["neighbours", "--vq", str(TOY / "vq.pt"), "--out", str(out / "nb.pt")],
+            "sample": sample(out / "shard")}
+
+
+class FillsUp:
+    """A file on a disk that fills up: the first write lands half, then ENOSPC."""
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data):
+        self._f.write(data[: len(data) // 2])
+        self._f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def enospc_on_write(monkeypatch):
+    """The disk fills while an output's temporary file is written (open() and Path.open both go through here)."""
+    import builtins
+
+    real = io.open
+
+    def opener(file, mode="r", *a, **k):
+        f = real(file, mode, *a, **k)
+        return FillsUp(f) if str(file).endswith(".tmp") and "w" in mode else f
+    monkeypatch.setattr(builtins, "open", opener)
+    monkeypatch.setattr(io, "open", opener)
+
+
+def fail_rename(err: int):
+    def patch(monkeypatch):
+        def replace(src, dst, *a, **k):
+            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+        monkeypatch.setattr("lantern.io.os.replace", replace)
+    return patch
+
+
+def deny_create(monkeypatch):
+    """EACCES creating the temporary file beside the output (tests run as root, whom chmod does not stop)."""
+    def mkstemp(*a, dir=None, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+    monkeypatch.setattr("lantern.io.tempfile.mkstemp", mkstemp)
+
+
+def deny_folders(monkeypatch):
+    """EACCES making an output folder (sample's resumable partial folder is made outside the atomic writes)."""
+    real = Path.mkdir
+
+    def mkdir(self, *a, **k):
+        if "out" in self.parts:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *a, **k)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+
+
+DISK_FAULTS = {
+    "enospc-while-writing": (enospc_on_write, r"cannot write .*out/\S+: no space left on the device \(ENOSPC\); "
+                                              r"free space on the file system of .*out"),
+    "enospc-on-rename": (fail_rename(errno.ENOSPC), r"cannot write .*out/\S+: no space left on the device"),
+    "edquot-on-rename": (fail_rename(errno.EDQUOT), r"no space left on the device \(EDQUOT\)"),
+    "eacces-creating": (deny_create, r"cannot write .*out/\S+: permission denied \(EACCES\); make .*out\S* writable"),
+    "erofs-on-rename": (fail_rename(errno.EROFS), r"cannot write .*out/\S+: read-only file system \(EROFS\)"),
+    "eacces-making-folders": (deny_folders, r"cannot write .*out\S*: permission denied \(EACCES\)"),
+}
+
+
+@pytest.mark.parametrize("command", ["prompts", "neighbours", "sample"])
+@pytest.mark.parametrize("fault", list(DISK_FAULTS))
+def test_full_or_unwritable_disk_is_one_line_and_leaves_nothing(command, fault, files, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = writers(files, out)[command]
+    make_fault, pattern = DISK_FAULTS[fault]
+    make_fault(monkeypatch)
+    rc = cli(args)
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert_one_line(rc, captured.out, captured.err, pattern)
+    finished = [p for p in out.rglob("*") if p.is_file()]
+    assert not [p for p in finished if p.name.endswith(".tmp")], "a temporary file was left behind"
+    assert not [p for p in finished if p.suffix in (".csv", ".pt", ".png") or p.name == "manifest.json"], finished
+
+
+def test_a_real_read_only_folder_is_one_line(files, tmp_path, capsys):
+    """Without simulation where the OS denies it (not as root, whom chmod does not stop)."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder; the simulated EACCES cases cover this")
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        rc = cli(writers(files, out)["prompts"])
+    finally:
+        out.chmod(0o700)
+    captured = capsys.readouterr()
+    assert_one_line(rc, captured.out, captured.err, r"cannot write .*ro/prompts\.csv: permission denied")

@@ -71,6 +71,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def not_a_file(what: str, path: str | os.PathLike, fix: str = "") -> UserError:
+    """The line for a path that is no file: a folder where a file belongs says so, rather than "does not exist"."""
+    path = Path(path)
+    if path.is_dir():
+        return UserError(f"{what} {path} is a folder, not a file; give the file itself (e.g. {path}/<name>)")
+    return UserError(f"{what} {path} does not exist{fix}")
+
+
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
     """torch.save, atomically and byte-reproducibly: torch names the archive's root folder after the file it
     writes, so saving straight to a temporary name would make two saves of the same object differ."""
@@ -89,10 +97,8 @@ def load_torch(path: str | os.PathLike, what: str, maker: str = "", mmap: bool =
 
     path = Path(path)
     fix = f"; make it with `{maker}`" if maker else "; check the path"
-    if path.is_dir():
-        raise UserError(f"{what} {path} is a folder, not a file; give the checkpoint file itself (e.g. {path}/<name>.pt)")
     if not path.is_file():
-        raise UserError(f"{what} {path} does not exist{fix}")
+        raise not_a_file(what, path, fix)
     try:
         with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle's protocol: the error says it all
             warnings.simplefilter("ignore")

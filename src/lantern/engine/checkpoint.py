@@ -367,6 +367,9 @@ def load_gpt(path: str | os.PathLike, spec=None, dtype: str = "fp32", device: st
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     parsed = None if isinstance(spec, ModelArgs) else parse_spec(spec)
     obj = read_checkpoint(path)
+    error = wrong_kind(obj, path, "LlamaGen GPT")  # before the state dict: a drafter file has none
+    if error:
+        raise error
     sd = extract_state_dict(obj, path)
     args = spec if parsed is None else target_args(obj, sd, parsed, path)
     with no_init():

@@ -168,6 +168,8 @@ def _check_methods(cfg: dict) -> None:
 def _require_file(key: str, value: str) -> None:
     if not value:
         raise UserError(f"config: {key} is empty; set it to the file on disk")
+    if Path(value).is_dir():
+        raise UserError(f"config: {key} = {value} is a folder, not a file; give the file itself (e.g. {value}/<name>)")
     if not Path(value).is_file():
         raise UserError(f"config: {key} = {value} does not exist; place the file there or fix the path")
 
@@ -235,7 +237,7 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     """What the jobs would refuse in the llamagen world's files, found before any job: the GPT must be a LlamaGen GPT
     that agrees with the llamagen keys and the VQ's codebook, and a drafter file must be a drafter for it. Only the
     files' headers are read (the tensors stay on disk, memory-mapped); the VQ's codebook was read with the methods."""
-    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args, wrong_kind
     from lantern.engine.drafter import check_drafter_target, read_drafter
     from lantern.io import load_torch
 
@@ -243,6 +245,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     path = lg["gpt_ckpt"]
     try:
         obj = load_torch(path, "checkpoint", mmap=True)
+        if wrong_kind(obj, path, "LlamaGen GPT"):  # a drafter file holds no state dict: name its kind first
+            raise wrong_kind(obj, path, "LlamaGen GPT")
         args = target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
     except UserError as e:
         raise UserError(f"config: llamagen.gpt_ckpt: {e}") from None

@@ -34,7 +34,7 @@ from lantern.engine.methods import build_decoder, normalize, speculative
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
-from lantern.io import atomic_path, read_structured, sha256_file, write_json
+from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
@@ -286,7 +286,7 @@ def main(argv: list[str]) -> None:
     device = parse_device(a.device)
     for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
         if path and not Path(path).is_file():
-            raise UserError(f"{what} {path} does not exist")
+            raise not_a_file(what, path)
     spec = read_structured(a.target_spec, "--target-spec")
 
     from lantern.engine.vq import load_vq
