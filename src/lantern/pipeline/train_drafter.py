@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -321,6 +322,8 @@ def main(argv: list[str]) -> None:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:
         torch.set_num_threads(params.threads)
+    # the count used, recorded with the drafter's params: rounding of a CPU training run depends on it
+    params = dataclasses.replace(params, threads=torch.get_num_threads())
     spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(parse_device(a.device)))
     captions = None
