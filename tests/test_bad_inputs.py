@@ -862,7 +862,7 @@ DISK_FAULTS = {
     "edquot-on-rename": (fail_rename(errno.EDQUOT), r"no space left on the device \(EDQUOT\)"),
     "eacces-creating": (deny_create, r"cannot write .*out/\S+: permission denied \(EACCES\); make .*out\S* writable"),
     "erofs-on-rename": (fail_rename(errno.EROFS), r"cannot write .*out/\S+: read-only file system \(EROFS\)"),
-    "eacces-making-folders": (deny_folders, r"cannot write .*out\S*: permission denied \(EACCES\)"),
+    "eacces-making-folders": (deny_folders, r"cannot (write|access) .*out\S*: permission denied \(EACCES\)"),
 }
 
 

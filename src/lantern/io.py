@@ -40,8 +40,11 @@ def disk_error(e: OSError, path: str | os.PathLike | None = None) -> UserError |
                          "again (finished files are kept, nothing half-written was left)")
     if e.errno in NO_ACCESS:
         name = {errno.EROFS: "read-only file system"}.get(e.errno, "permission denied")
-        return UserError(f"cannot write{at}: {name} ({errno.errorcode[e.errno]}); make {where.parent if where else 'it'} "
-                         "writable for this user (chmod / chown) or set outdir to a writable folder")
+        if path is None:  # the CLI's net: the failing call may have been a read as well as a write
+            return UserError(f"cannot access{at}: {name} ({errno.errorcode[e.errno]}); make it and its folder "
+                             "accessible to this user (chmod / chown), or set outdir to a writable folder")
+        return UserError(f"cannot write{at}: {name} ({errno.errorcode[e.errno]}); make {where.parent} writable for "
+                         "this user (chmod / chown) or set outdir to a writable folder")
     return None
 
 
