@@ -59,8 +59,11 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
 
 def _yaml_word(value) -> str:
     """A value as a YAML file spells it: true / false / null, not Python's True / False / None."""
-    return {True: "true", False: "false", None: "null"}.get(value, str(value)) if isinstance(value, (bool, type(None))) \
-        else str(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _check_integers(node, schema: dict, path: tuple = ()) -> None:
@@ -245,8 +248,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     path = lg["gpt_ckpt"]
     try:
         obj = load_torch(path, "checkpoint", mmap=True)
-        if wrong_kind(obj, path, "LlamaGen GPT"):  # a drafter file holds no state dict: name its kind first
-            raise wrong_kind(obj, path, "LlamaGen GPT")
+        if error := wrong_kind(obj, path, "LlamaGen GPT"):  # a drafter file holds no state dict: name its kind first
+            raise error
         args = target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
     except UserError as e:
         raise UserError(f"config: llamagen.gpt_ckpt: {e}") from None
