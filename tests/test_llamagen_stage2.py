@@ -64,6 +64,11 @@ def test_stage2_recipe_plans_the_sweep_and_runs_end_to_end(world, tmp_path):
     full = overlay(world, "t2i")
     full["llamagen"].update(gpt_ckpt=world["t2i2"], authors_drafter=world["authors_drafter2"])
     del full["sweep"], full["neighbours"]  # the recipe's own sweep and k
+    # the recipe's 5000 images need 5000 captions before any job starts (check-config counts them)
+    coco = tmp_path / "captions_5000.json"
+    coco.write_text(json.dumps({"annotations": [{"image_id": i, "id": i, "caption": f"a red shape number {i}"}
+                                                for i in range(5000)]}))
+    full["llamagen"]["prompts"] = {**full["llamagen"].get("prompts", {}), "coco_captions": str(coco)}
     r = subprocess.run(snakemake(tmp_path, full, "-n", "--quiet", "rules"), cwd=REPO, capture_output=True, text=True,
                        timeout=3600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

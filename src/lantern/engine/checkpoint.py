@@ -72,6 +72,8 @@ def extract_state_dict(obj: dict, path: str | os.PathLike = "<checkpoint>") -> d
     )
 
 
+DRAFTER_FORMAT = "lantern-drafter-v1"  # the format tag of a drafter file (drafter.save_drafter)
+
 # What each kind of file is given as, for the line that names a file of another kind.
 KIND_FLAGS = {"VQ tokenizer": "llamagen.vq_ckpt / --vq", "LlamaGen GPT": "llamagen.gpt_ckpt / --target",
               "drafter": "llamagen.drafter_ckpt / --drafter"}
@@ -80,8 +82,6 @@ KIND_FLAGS = {"VQ tokenizer": "llamagen.vq_ckpt / --vq", "LlamaGen GPT": "llamag
 def checkpoint_kind(obj: dict) -> str | None:
     """Which of the project's kinds of torch file `obj` holds (a VQ tokenizer, a LlamaGen GPT, a drafter), read from
     its format tag or its tensor names; None when it is none of them."""
-    from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
-
     if obj.get("format") == DRAFTER_FORMAT:
         return "drafter"
     sd = obj if obj and all(isinstance(v, torch.Tensor) for v in obj.values()) else next(

@@ -21,12 +21,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
 from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d,
                                   row_mask)
 
-FORMAT = "lantern-drafter-v1"
+FORMAT = DRAFTER_FORMAT
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
 OWN_EMBEDDING = "tok_embeddings."
 
@@ -208,8 +209,6 @@ def save_drafter(path: str | Path, drafter: Drafter, params=None, **extra) -> No
 
 def read_drafter(path: str | Path, mmap: bool = False) -> dict:
     """A drafter file's contents, checked to be one (format tag, its target's config, its weights)."""
-    from lantern.engine.checkpoint import wrong_kind
-
     obj = load_torch(path, "checkpoint", mmap=mmap)
     error = wrong_kind(obj, path, "drafter")
     if error:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
+from lantern.engine.kinds import rounds_for
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams
 from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
@@ -46,21 +47,6 @@ class Rounds(Protocol):
     def verify(self, active: list, width: int | None) -> tuple[Tensor, Tensor]: ...
     def commit(self, active: list, logits: Tensor, hidden: Tensor) -> None: ...
     def finish(self, images: list, timer: StepTimer) -> tuple[Tensor, list[ImageStats]]: ...
-
-
-def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
-               B: int) -> Rounds:
-    from lantern.engine.batched import ChainRounds
-    from lantern.engine.batched_trees import TreeRounds
-    from lantern.engine.chain import Chain
-    from lantern.engine.jacobi import Jacobi, JacobiRounds
-
-    if isinstance(drafting, Jacobi):
-        return JacobiRounds(target, drafting, params, rule, table, B)
-    if drafter is None:
-        raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
-    kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
-    return kind(target, drafter, drafting, params, rule, table, B)
 
 
 @torch.no_grad()

@@ -421,7 +421,7 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if cfg["world"] == "llamagen":
         check_vq_downsample(cfg)
         _check_llamagen_checkpoints(cfg)
-        check_llamagen_inputs(cfg)
+        check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg))
     return cfg
 
 

@@ -60,14 +60,13 @@ def check_vq_downsample(cfg: dict) -> None:
                         f"or give the VQ-{lg['downsample']} file")
 
 
-def _target_args(cfg: dict):
+def _target_args(cfg: dict, spec: dict):
     from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
     from lantern.io import load_torch
-    from lantern.pipeline.config import target_spec
 
     path = cfg["llamagen"]["gpt_ckpt"]
     obj = load_torch(path, "checkpoint", mmap=True)
-    return target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
+    return target_args(obj, extract_state_dict(obj, path), parse_spec(spec), path)
 
 
 def _prompt_rows(cfg: dict) -> list[tuple[str, str]]:
@@ -115,13 +114,13 @@ def check_prompts_and_t5(cfg: dict) -> None:
                             "set llamagen.t5.path to encode them")
 
 
-def check_authors_drafter(cfg: dict) -> None:
+def check_authors_drafter(cfg: dict, spec: dict) -> None:
     """The authors' drafter folder or file: its weights present, their keys and shapes those of a drafter for the
     configured target (headers only)."""
     from lantern.worlds.llamagen.convert import check_authors_drafter as check, read_hf
 
     path = cfg["llamagen"]["authors_drafter"]
-    args = _target_args(cfg)  # a GPT already checked by validate_config
+    args = _target_args(cfg, spec)  # a GPT already checked by validate_config
     try:
         theirs, config = read_hf(path, shapes_only=True)
         check(theirs, config, args)
@@ -163,17 +162,15 @@ def check_drafter_images(cfg: dict) -> None:
                         f"llamagen.drafter.images {root}; lower llamagen.drafter.n_images to <= {have} or add images")
 
 
-def check_llamagen_inputs(cfg: dict) -> None:
-    """Every llamagen-world input file a job would read, after validate_config checked the GPT and VQ."""
-    from lantern.pipeline.config import drafter_source
-
+def check_llamagen_inputs(cfg: dict, source: str, spec: dict) -> None:
+    """Every llamagen-world input file a job would read, after validate_config checked the GPT and VQ; source: where
+    the drafter comes from (config.drafter_source), spec: the target as data (config.target_spec)."""
     lg = cfg["llamagen"]
     if lg["model_type"] == "t2i":
         check_prompts_and_t5(cfg)
     if not any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
         return
-    source = drafter_source(cfg)
     if source == "authors":
-        check_authors_drafter(cfg)
+        check_authors_drafter(cfg, spec)
     elif source == "train":
         check_drafter_images(cfg)

@@ -1,0 +1,25 @@
+"""Which rounds run each drafting kind: the one place that pairs a kind's drafts (chain.Chain, trees.StaticTree /
+DynamicTree, jacobi.Jacobi) with its batched rounds, so that speculative.decode's loop knows no drafting kind and a
+new kind is a Rounds class and a line here."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.batched import ChainRounds
+from lantern.engine.batched_trees import TreeRounds
+from lantern.engine.chain import Chain
+from lantern.engine.jacobi import Jacobi, JacobiRounds
+from lantern.engine.model import GPT
+from lantern.engine.sampling import SamplingParams
+
+
+def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
+               B: int):
+    if isinstance(drafting, Jacobi):
+        return JacobiRounds(target, drafting, params, rule, table, B)
+    if drafter is None:
+        raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
+    kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
+    return kind(target, drafter, drafting, params, rule, table, B)
