@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
+from lantern.engine.acceptance import AcceptRule, verify_candidates
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, draw, row_probs
 from lantern.errors import UserError
@@ -123,11 +123,9 @@ class TreeShape:
 
     def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
                rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
+        """Sampled acceptance of one image's round (batched_trees.TreeRounds batches the rest)."""
         depth = torch.cat([torch.zeros(1, dtype=torch.long, device=logits.device), draft.depth])
-        P = row_probs(logits, params, n_done + depth)
-        if params.greedy:
-            return accept_greedy(P, draft, table, rule)
-        return accept_sampled(P, draft, table, rule, generator)
+        return accept_sampled(row_probs(logits, params, n_done + depth), draft, table, rule, generator)
 
 
 @dataclass
@@ -397,29 +395,6 @@ def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     visible[:, :Q] = True
     visible[:, Q : Q + block.shape[1]] = block
     return visible
-
-
-def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
-    """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes.
-
-    Relaxed rules can pass several siblings, so equally deep accepted paths tie. Ours: the first such node in node
-    order (the higher-ranked branch). Under rule.authors_ties on a leaf-ordered (dynamic) tree, the authors': the
-    first leaf, in node order, whose accepted prefix is that deep, cut at that depth (evaluate_posterior's argmax
-    over retrieve rows). The accepted length is the same; the emitted tokens can differ.
-    """
-    ok = greedy_accept(P[draft.parent + 1], draft.tokens, table, rule)
-    anc = draft.block[1:, 1:]
-    reach = torch.where((anc & ~ok).any(1), 0, draft.depth)
-    best = int(reach.argmax())  # the first deepest: ties go to the higher-ranked branch
-    depth = int(reach[best])
-    if depth == 0:
-        return [], P[0]
-    if rule.authors_ties and draft.leaf_order:
-        leaf = anc.sum(0) == 1  # a node on no other node's path (its own row holds it once)
-        row_reach = torch.where(anc, reach[None], 0).amax(1)  # a leaf's row: its deepest accepted ancestor
-        first = int((leaf & (row_reach == depth)).nonzero()[0])
-        best = int((anc[first] & (reach == depth)).nonzero()[0])
-    return anc[best].nonzero().flatten().tolist(), P[best + 1]
 
 
 def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule,
