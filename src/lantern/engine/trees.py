@@ -158,24 +158,36 @@ class StaticTree(TreeShape):
         for i, p in enumerate(parent):
             if p >= 0:
                 anc[i] |= anc[p]
-        t = lambda x, dtype=torch.long: torch.as_tensor(x, dtype=dtype).to(self.device)  # noqa: E731
-        self.parent, self.depths = t(parent), t([len(p) for p in paths])
-        self.anc, self.block = t(anc, torch.bool), t(_block(anc), torch.bool)
+        host: list[Tensor] = []  # every index tensor of the shape, sent to the device in one copy below
+
+        def t(x, dtype=torch.long) -> int:
+            host.append(torch.as_tensor(x, dtype=dtype))
+            return len(host) - 1
+
+        parent_t, depths_t, anc_t, block_t = t(parent), t([len(p) for p in paths]), t(anc, torch.bool), \
+            t(_block(anc), torch.bool)
         # runners: nodes that get children, in node order; their q rows are [y, runners of depth 1, 2, ..]
         runners = [[-1]] + [[i for i in range(self.n) if len(paths[i]) == d and self.children[i + 1]]
                             for d in range(1, self.depth)] + [[]]
         row_of = {r: j for j, r in enumerate(r for rs in runners for r in rs)}
         self.q_row = [row_of.get(i - 1, -1) for i in range(self.n + 1)]
-        self.levels = []
+        levels = []
         for d in range(self.depth):
             nodes = [i for i in range(self.n) if len(paths[i]) == d + 1]
             within = {r: j for j, r in enumerate(runners[d])}
             nxt = runners[d + 1]
-            self.levels.append(_Level(
+            levels.append(dict(
                 lo=nodes[0], hi=nodes[-1] + 1, width=max(paths[i][-1] for i in nodes) + 1,
                 parent_row=t([within[parent[i]] for i in nodes]), rank=t([paths[i][-1] for i in nodes]),
-                runners=t(nxt), runner_parent_row=t([within[parent[i]] for i in nxt]), runner_anc=t(anc[nxt], torch.bool),
+                runners=t(nxt), runner_parent_row=t([within[parent[i]] for i in nxt]),
+                runner_anc=t(anc[nxt], torch.bool),
             ))
+        flat = torch.cat([h.long().flatten() for h in host]).to(self.device)
+        dev = [f.view(h.shape) if h.dtype == torch.long else (f != 0).view(h.shape)
+               for f, h in zip(flat.split([h.numel() for h in host]), host)]
+        self.parent, self.depths, self.anc, self.block = (dev[i] for i in (parent_t, depths_t, anc_t, block_t))
+        self.levels = [_Level(**{k: dev[v] if k not in ("lo", "hi", "width") else v for k, v in lvl.items()})
+                       for lvl in levels]
         self._cut: dict[int, StaticTree] = {}
 
     def to(self, device) -> "StaticTree":
