@@ -1,20 +1,21 @@
 """The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: batched.py's ragged
 rows with the shapes of trees.py.
 
-Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
-drafter passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to
-the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round
-is accepted by the tree's `accept` with its generator. What is batched are the forwards, over the images still
-decoding:
+Per image the tree is trees.py's own: it grows in the image's `growth` (a generator that asks for the drafter
+passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to the tokens
+the image has left, drawn ahead from its generator for all images in one copy). Batched, over the images still
+decoding, are the forwards and the acceptance:
 1. draft: ONE drafter catch-up forward (DrafterRounds.catch_up), the root distributions of every image at once, then
    each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
    tree's level, a dynamic tree's expansion), each row at its own positions Q_b + pos, slots Q_b + node slots and
    tree mask over the slots from Q_b on, padded to the widest;
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
-3. accept and commit per image (the shape's `accept`); the accepted paths' target cache entries move into
-   consecutive slots in one per-row move (GPT.keep_rows), and the true hidden states of y and the accepted nodes
-   become the image's next catch-up inputs.
+3. accept every image's tree at once on the device (greedy: `greedy_paths`; sampling: `walk`, from each image's
+   uniforms; rules with their own verification sample with the shape's `accept` image by image), one read per
+   round; the accepted paths' target cache entries move into consecutive slots in one per-row move
+   (GPT.keep_rows), and the true hidden states of y and the accepted nodes become the image's next catch-up
+   inputs.
 Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
 """
 
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
 from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
-from lantern.engine.sampling import Uniforms, draw, sample_index
+from lantern.engine.sampling import Uniforms, draw
 from lantern.engine.trees import Draft, TreePass, _visible
 
 
@@ -133,12 +134,11 @@ class TreeRounds(DrafterRounds):
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
         Every image's acceptance on the device at once, one read per round: greedy (`greedy_paths`) and sampling
-        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification: the shape's
-        `accept` image by image."""
+        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification (rule.impl): the
+        shape's `accept` image by image, then the same commit."""
         greedy = self.params.greedy
-        if self.rule.impl is not None and not greedy:
-            return self.commit_each(images, logits, hidden)
         device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
+        used = torch.zeros(n, dtype=torch.long, device=device)  # each image's acceptance uniforms
         drafts = [im.draft for im in images]
         M = max(len(d.tokens) for d in drafts)
         pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
@@ -148,7 +148,14 @@ class TreeRounds(DrafterRounds):
             (done,) = to_device(device, [im.n for im in images])
             P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
             path, p = greedy_paths(P, drafts, self.table, self.rule)
-            D, token, used = M, p.argmax(-1), torch.zeros(n, dtype=torch.long, device=device)
+            D, token = M, p.argmax(-1)
+        elif self.rule.impl is not None:
+            accepted = [self.drafting.accept(logits[i::n, : 1 + len(d.tokens)], d, self.params, im.n, self.table,
+                                             self.rule, im.generator) for i, (im, d) in enumerate(zip(images, drafts))]
+            (path,) = to_device(device, [s for nodes, _ in accepted for s in nodes + [-1] * (M - len(nodes))])
+            path, p, D = path.view(n, M), torch.stack([p for _, p in accepted]), M
+            ahead = Uniforms([im.generator for im in images], 1, device)  # the next token's uniform
+            token = draw(p, ahead.u[:, 0])
         else:
             D = max(d.drafter_passes for d in drafts) + 1
             C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
@@ -194,35 +201,6 @@ class TreeRounds(DrafterRounds):
             ahead.used(counts)
         if moves:
             self.target.keep_rows(*to_device(device, *zip(*moves)))
-
-    def commit_each(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
-        """The shape's accept image by image (sampling under rules with their own verification)."""
-        device, params, B, N = self.device, self.params, self.B, self.N
-        n, R = len(images), images[0].pend_emb.shape[0]
-        rows, src, dst = [], [], []
-        for i, im in enumerate(images):
-            d, mine = im.draft, slice(i, None, n)
-            path, p = self.drafting.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), self.table,
-                                           self.rule, im.generator)
-            a = len(path)
-            moved = [(s, j) for j, s in enumerate(path) if s != j]
-            for r in range(R):
-                rows += [im.index + r * B] * len(moved)
-                src += [im.Q + 1 + s for s, _ in moved]
-                dst += [im.Q + 1 + j for _, j in moved]
-            im.tokens += d.tokens[path].tolist()
-            im.n = len(im.tokens)
-            im.stats.accepted_per_step.append(a)
-            im.stats.tree_depth.append(d.max_depth)
-            if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-                continue
-            im.tokens.append(sample_index(p, im.generator))
-            im.n += 1
-            im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
-            im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
-            im.start, im.Q = im.Q, im.Q + a + 1
-        if rows:
-            self.target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
 
 
 def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
