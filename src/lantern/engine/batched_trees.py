@@ -12,7 +12,7 @@ decoding, are the forwards and the acceptance:
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
 3. accept every image's tree at once on the device (greedy: `greedy_paths`; sampling: `walk`, from each image's
-   uniforms; rules with their own verification sample with the shape's `accept` image by image), one read per
+   uniforms; rules with their own verification sample with trees.accept_sampled image by image), one read per
    round; the accepted paths' target cache entries move into consecutive slots in one per-row move
    (GPT.keep_rows), and the true hidden states of y and the accepted nodes become the image's next catch-up
    inputs.
@@ -28,7 +28,7 @@ from torch import Tensor
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
 from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
 from lantern.engine.sampling import Uniforms, draw
-from lantern.engine.trees import Draft, TreePass, _visible
+from lantern.engine.trees import Draft, TreePass, _visible, accept_sampled
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -134,45 +134,43 @@ class TreeRounds(DrafterRounds):
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
         Every image's acceptance on the device at once, one read per round: greedy (`greedy_paths`) and sampling
-        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification (rule.impl): the
-        shape's `accept` image by image, then the same commit."""
-        greedy = self.params.greedy
+        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification (rule.impl):
+        trees.accept_sampled image by image, then the same commit."""
+        greedy, walking = self.params.greedy, not self.params.greedy and self.rule.impl is None
         device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
         used = torch.zeros(n, dtype=torch.long, device=device)  # each image's acceptance uniforms
         drafts = [im.draft for im in images]
         M = max(len(d.tokens) for d in drafts)
+        D = max(d.drafter_passes for d in drafts) + 1 if walking else M  # the longest path
         pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
         X = torch.stack([pad(d.tokens) for d in drafts])
         depth = torch.stack([pad(d.depth) for d in drafts])
+        static = drafts[0].children is not None  # a static shape's children are host lists, a dynamic tree's not
+        C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
+        kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))] \
+            if static and walking else []
+        q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))] if walking else []
+        done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
+        P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
         if greedy:
-            (done,) = to_device(device, [im.n for im in images])
-            P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
             path, p = greedy_paths(P, drafts, self.table, self.rule)
-            D, token = M, p.argmax(-1)
-        elif self.rule.impl is not None:
-            accepted = [self.drafting.accept(logits[i::n, : 1 + len(d.tokens)], d, self.params, im.n, self.table,
-                                             self.rule, im.generator) for i, (im, d) in enumerate(zip(images, drafts))]
+            token = p.argmax(-1)
+        elif not walking:  # a rule with its own verification (rule.impl): accept_sampled image by image
+            accepted = [accept_sampled(P[i, : 1 + len(d.tokens)], d, self.table, self.rule, im.generator)
+                        for i, (im, d) in enumerate(zip(images, drafts))]
             (path,) = to_device(device, [s for nodes, _ in accepted for s in nodes + [-1] * (M - len(nodes))])
-            path, p, D = path.view(n, M), torch.stack([p for _, p in accepted]), M
+            path, p = path.view(n, M), torch.stack([p for _, p in accepted])
             ahead = Uniforms([im.generator for im in images], 1, device)  # the next token's uniform
             token = draw(p, ahead.u[:, 0])
         else:
-            D = max(d.drafter_passes for d in drafts) + 1
-            C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
             ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
                               for d in drafts])
             q = None  # deterministic drafts (a dynamic tree)
             if drafts[0].q is not None:
                 rows_q = max(d.q.shape[0] for d in drafts)
                 q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
-            static = drafts[0].children is not None  # a static shape's children are host lists, a dynamic tree's not
-            kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))] \
-                if static else []
-            q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))]
-            done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
             kids = kids.view(n, M + 1, C) if static else torch.stack(
                 [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
-            P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
             ahead = Uniforms([im.generator for im in images], D * C + 1, device)
             path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table, self.rule, D)
             token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, verify_candidates
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw, row_probs
+from lantern.engine.sampling import SamplingParams, draw
 from lantern.errors import UserError
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
@@ -90,10 +90,6 @@ class Draft:
             self.children = [[c for c in row if c >= 0] for row in self.kids.tolist()]
         return self.children
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.depth.max())
-
 
 @dataclass
 class TreePass:
@@ -112,7 +108,7 @@ class TreePass:
 
 class TreeShape:
     """A draft tree's shape: `growth` is its own drafting, a generator of the drafter passes it needs (TreePass)
-    that returns the Draft, and `accept` verifies a round (batched_trees.TreeRounds runs both for a batch). A shape
+    that returns the Draft (batched_trees.TreeRounds runs it, and accepts the drafts, for a batch). A shape
     names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
     write)."""
 
@@ -120,12 +116,6 @@ class TreeShape:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
                             f"{target.args.vocab_size}")
-
-    def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
-               rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        """Sampled acceptance of one image's round (batched_trees.TreeRounds batches the rest)."""
-        depth = torch.cat([torch.zeros(1, dtype=torch.long, device=logits.device), draft.depth])
-        return accept_sampled(row_probs(logits, params, n_done + depth), draft, table, rule, generator)
 
 
 @dataclass
