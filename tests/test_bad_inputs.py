@@ -9,8 +9,10 @@ Tables of mistakes, each case asserting the exit code, one line on stderr, no tr
 - FILE_CASES: bad checkpoints, tables, images, prompts and arguments, through the `lantern` subcommand that reads
   them (in-process: `lantern.pipeline.cli.main`)."""
 import argparse
+import errno
 import io
 import json
+import os
 import pickle
 import re
 import struct
@@ -29,7 +31,7 @@ from PIL import Image
 from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
 from lantern.engine.neighbours import FORMAT as NEIGHBOURS_FORMAT, NeighbourParams, build_table, read_codebook
 from lantern.pipeline.cli import main as cli
-from llamagen_world import GPT_SIZE, write_gpt
+from llamagen_world import GPT_SIZE, write_authors_drafter, write_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy" / "default"
@@ -107,8 +109,6 @@ CONFIGS = [
     ("shards-beyond-batches", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 8}}},
      r"leaves a shard without images"),
     ("bootstrap-negative", {"metrics": {"bootstrap": -3}}, r"metrics\.bootstrap"),
-    ("mode-images-beyond-n", {"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 40}}},
-     r"sweep\.mode_images\.greedy = 40 must lie between"),
     ("inception-without-weights", {"metrics": {"fid_extractor": "inception-v3-compat"}},
      r"metrics\.inception_weights is empty"),
     ("llamagen-missing-gpt", {"world": "llamagen", "llamagen": {"gpt_ckpt": "/nope/c2i_L_256.pt"}},
@@ -118,6 +118,20 @@ CONFIGS = [
      r"llamagen\.vq_ckpt = /nope/vq_ds16_c2i\.pt does not exist"),
     ("llamagen-image-size", {"world": "llamagen", "llamagen": {"image_size": 250}},
      r"llamagen\.image_size = 250 is not allowed; use one of"),
+    # outdir: empty, the filesystem root, an existing file, or a path through one (issue #30)
+    ("outdir-empty", {"outdir": ""}, r"config: outdir is empty; set it to the folder"),
+    ("outdir-blank", {"outdir": "  "}, r"config: outdir is empty"),
+    ("outdir-root", {"outdir": "/"}, r"config: outdir = / is the filesystem root"),
+    ("outdir-root-spelt-otherwise", {"outdir": "/tmp/.."}, r"config: outdir = /tmp/\.\. is the filesystem root"),
+    ("outdir-is-a-file", {"outdir": str(REPO / "config" / "config.yaml")}, r"config\.yaml is an existing file, not a folder"),
+    ("outdir-inside-a-file", {"outdir": str(REPO / "config" / "config.yaml" / "results")},
+     r"outdir = .*config\.yaml/results lies inside the existing file .*config\.yaml"),
+    # YAML spelling in an enum's answer: true / false, never Python's True / False
+    ("compile-number", {"compile": 1}, r"compile = 1 is not allowed; use one of auto, true, false$"),
+    ("compile-python-word", {"compile": "True"}, r"compile = 'True' is not allowed; use one of auto, true, false$"),
+    ("mode-images-below-shards", {"sweep": {"n_images": 16, "shards": 4, "batch_size": {"sampling": 1, "greedy": 1},
+                                            "mode_images": {"sampling": 2}}},
+     r"sweep\.mode_images\.sampling = 2 is fewer than sweep\.shards \(4\)"),
 ]
 
 
@@ -144,7 +158,8 @@ def file_configs(tmp: Path, lg: dict) -> list:
     GPT goes, a target that disagrees with its llamagen keys or its VQ, a drafter for another target, and t2i runs
     without their prompts or T5. `lg` is a llamagen c2i world that passes (test_the_llamagen_files_pass)."""
     fake = text_file(tmp / "text.pt")
-    vq = str(TOY / "vq.pt")
+    vq = str(tmp / "vq512.pt")  # a codebook of 512 codes, no encoder (so no downsampling to disagree on)
+    torch.save({"model": {"quantize.embedding.weight": torch.randn(512, 8)}}, vq)
     ok = {"reference": str(tmp), "resolution": 256, "class_names": "imagenet"}
     t2i = {"model_type": "t2i", "gpt_ckpt": fake, "vq_ckpt": fake}
     prompts = tmp / "prompts.csv"
@@ -160,7 +175,7 @@ def file_configs(tmp: Path, lg: dict) -> list:
         ("llamagen-empty-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(Path(empty_file(tmp)))},
                                 "metrics": ok}, r"llamagen\.gpt_ckpt: checkpoint .*empty\.pt is unreadable"),
         ("llamagen-vq-as-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": lg["vq_ckpt"]}, "metrics": ok},
-         r"llamagen\.gpt_ckpt: checkpoint .*vq\.pt is not a LlamaGen GPT"),
+         r"llamagen\.gpt_ckpt: checkpoint .*vq\.pt is a VQ tokenizer, not a LlamaGen GPT; give it as llamagen\.vq_ckpt"),
         ("llamagen-gpt-other-size", {"world": "llamagen", "llamagen": {**lg, "gpt_size": "GPT-L"}, "metrics": ok},
          r"llamagen\.gpt_ckpt: checkpoint .*c2i\.pt has 2 layers of width 64 .* set llamagen\.gpt_size"),
         ("llamagen-gpt-other-classes", {"world": "llamagen", "llamagen": {**lg, "num_classes": 1000}, "metrics": ok},
@@ -170,10 +185,22 @@ def file_configs(tmp: Path, lg: dict) -> list:
          r"llamagen\.gpt_ckpt: .*is a c2i model .* set llamagen\.model_type: c2i"),
         ("llamagen-gpt-and-vq-disagree", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": vq}, "metrics": ok},
          r"llamagen\.gpt_ckpt .*predicts 16384 codes, but llamagen\.vq_ckpt .* has a codebook of 512"),
+        ("llamagen-drafter-as-gpt", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": lg["drafter_ckpt"]},
+                                     "metrics": ok},
+         r"llamagen\.gpt_ckpt: checkpoint .*drafter\.pt is a drafter, not a LlamaGen GPT; give it as llamagen\.drafter_ckpt"),
+        ("llamagen-gpt-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(tmp)}, "metrics": ok},
+         r"config: llamagen\.gpt_ckpt = .* is a folder, not a file; give the file itself"),
+        ("llamagen-vq-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": str(tmp)}, "metrics": ok},
+         r"config: llamagen\.vq_ckpt = .* is a folder, not a file"),
+        ("llamagen-drafter-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": str(tmp)},
+                                          "metrics": ok}, r"config: llamagen\.drafter_ckpt = .* is a folder, not a file"),
+        ("llamagen-prompts-file-is-a-folder", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"file": str(tmp)}}},
+         r"config: llamagen\.prompts\.file = .* is a folder, not a file"),
         ("llamagen-text-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": fake}, "metrics": ok},
          r"llamagen\.drafter_ckpt: checkpoint .*text\.pt is unreadable"),
         ("llamagen-gpt-as-drafter", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": lg["gpt_ckpt"]},
-                                     "metrics": ok}, r"llamagen\.drafter_ckpt: .*c2i\.pt is not a drafter"),
+                                     "metrics": ok},
+         r"llamagen\.drafter_ckpt: checkpoint .*c2i\.pt is a LlamaGen GPT, not a drafter; give it as llamagen\.gpt_ckpt"),
         ("llamagen-drafter-of-another-target", {"world": "llamagen", "llamagen": {
             **lg, "drafter_ckpt": str(TOY / "drafter.pt")}, "metrics": ok},
          r"llamagen\.drafter_ckpt: drafter .*drafter\.pt was trained for a target with dim=128"),
@@ -198,7 +225,9 @@ def empty_file(tmp: Path) -> str:
 
 FILE_CONFIG_IDS = ("llamagen-text-vq", "llamagen-gpt-as-vq", "llamagen-text-gpt", "llamagen-empty-gpt",
                    "llamagen-vq-as-gpt", "llamagen-gpt-other-size", "llamagen-gpt-other-classes",
-                   "llamagen-gpt-is-c2i-not-t2i", "llamagen-gpt-and-vq-disagree", "llamagen-text-drafter",
+                   "llamagen-gpt-is-c2i-not-t2i", "llamagen-gpt-and-vq-disagree", "llamagen-drafter-as-gpt",
+                   "llamagen-gpt-is-a-folder", "llamagen-vq-is-a-folder", "llamagen-drafter-is-a-folder",
+                   "llamagen-prompts-file-is-a-folder", "llamagen-text-drafter",
                    "llamagen-gpt-as-drafter", "llamagen-drafter-of-another-target", "llamagen-t2i-without-prompts",
                    "llamagen-missing-prompts-file", "llamagen-missing-coco", "llamagen-missing-t5",
                    "llamagen-missing-reference")
@@ -251,7 +280,7 @@ def test_the_llamagen_files_pass(llamagen_files, tmp_path):
 # Every config case runs through `lantern check-config`; these also through `snakemake -n` (a few seconds each):
 # one or more per layer of the validation (schema, integers, sweep, method registry, metrics, llamagen paths and
 # checkpoints), since the Snakefile runs the same validate_config.
-SNAKEMAKE_TOO = {"delta-above-1", "gamma-float", "k-inf", "same-point-twice", "methods-empty", "mode-twice",
+SNAKEMAKE_TOO = {"outdir-empty", "outdir-root", "outdir-inside-a-file", "delta-above-1", "gamma-float", "k-inf", "same-point-twice", "methods-empty", "mode-twice",
                  "shards-above-images", "unknown-nested-key", "n-images-string", "n-images-float",
                  "inception-without-weights", "llamagen-missing-gpt", "llamagen-text-vq", "llamagen-text-gpt",
                  "llamagen-drafter-of-another-target"}
@@ -307,6 +336,9 @@ CONFIG_FILE_CASES = [
     ("config-flag-float-seed", lambda t: [CONFIG, "--config", "seed=2.5"], r"seed = 2\.5 has the wrong type"),
     ("config-flag-empty", lambda t: [CONFIG, "--config"], r"--config needs at least one key=value"),
     ("no-config-file", lambda t: [], r"usage: lantern check-config"),
+    ("overlay-all-commented-out", lambda t: [CONFIG, config_file(t, "off.yaml", "# sweep:\n#   n_images: 8\n")],
+     r"config file .*off\.yaml holds no keys \(empty, or every line commented out\), which Snakemake refuses"),
+    ("overlay-empty", lambda t: [CONFIG, config_file(t, "empty.yaml", "")], r"config file .*empty\.yaml holds no keys"),
 ]
 
 
@@ -420,8 +452,17 @@ FILE_CASES = [
      r"truncated\.pt is unreadable: .*truncated"),
     ("target-holds-a-list", lambda f, o: sample(o, **{"--target": str(f / "list.pt")}),
      r"list\.pt holds a list, not a mapping of tensors"),
-    ("vq-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "vq.pt")}), r"vq\.pt"),
-    ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}), r"VQ checkpoint .*target\.pt"),
+    ("vq-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "vq.pt")}),
+     r"checkpoint .*vq\.pt is a VQ tokenizer, not a LlamaGen GPT; give it as llamagen\.vq_ckpt / --vq"),
+    ("drafter-given-as-target", lambda f, o: sample(o, **{"--target": str(TOY / "drafter.pt")}),
+     r"checkpoint .*drafter\.pt is a drafter, not a LlamaGen GPT; give it as llamagen\.drafter_ckpt"),
+    ("target-given-as-vq", lambda f, o: sample(o, **{"--vq": str(TOY / "target.pt")}),
+     r"target\.pt is a LlamaGen GPT, not a VQ tokenizer|target\.pt has no quantize\.embedding\.weight; pass a VQ"),
+    ("target-is-a-folder", lambda f, o: sample(o, **{"--target": str(f / "empty_dir")}),
+     r"--target .*empty_dir is a folder, not a file; give the file itself"),
+    ("vq-is-a-folder", lambda f, o: sample(o, **{"--vq": str(f / "empty_dir")}), r"empty_dir is a folder, not a file"),
+    ("drafter-is-a-folder", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(f / "empty_dir")}),
+     r"empty_dir is a folder, not a file"),
     ("vq-empty-file", lambda f, o: sample(o, **{"--vq": str(f / "empty.pt")}), r"empty\.pt is unreadable"),
     ("target-and-vq-disagree", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
         {"gpt_size": GPT_SIZE, "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
@@ -436,7 +477,9 @@ FILE_CASES = [
      r"text\.pt is unreadable"),
     ("drafter-given-the-target", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
                                                            "--drafter": str(TOY / "target.pt")}),
-     r"target\.pt is not a drafter checkpoint"),
+     r"target\.pt is a LlamaGen GPT, not a drafter; give it as llamagen\.gpt_ckpt / --target"),
+    ("drafter-given-the-vq", lambda f, o: sample(o, **{"--method": '{"name": "exact"}', "--drafter": str(TOY / "vq.pt")}),
+     r"vq\.pt is a VQ tokenizer, not a drafter; give it as llamagen\.vq_ckpt / --vq"),
     ("drafter-format-only", lambda f, o: sample(o, **{"--method": '{"name": "exact"}',
                                                       "--drafter": str(f / "format_only_drafter.pt")}),
      r"format_only_drafter\.pt is not a drafter checkpoint"),
@@ -562,3 +605,295 @@ def test_bad_file_or_argument_is_one_line(make_args, pattern, files, tmp_path, c
 
 def test_the_table_is_large_enough():
     assert len(CONFIGS) + len(FILE_CONFIG_IDS) + len(CONFIG_FILE_CASES) + len(FILE_CASES) >= 45
+
+
+# -- what the llamagen world's input files say, read by check-config before any job (issue #30) ---------------------
+def vq_file(path: Path, levels: int) -> str:
+    """An upstream-layout VQ (weights only) of a 16384-code codebook and an encoder of `levels` resolution levels:
+    5 = VQ-16, 4 = VQ-8 (one small tensor per level: a config check reads only the names)."""
+    sd = {"quantize.embedding.weight": torch.randn(16384, 8),
+          **{f"encoder.conv_blocks.{i}.res.0.norm1.weight": torch.ones(4) for i in range(levels)}}
+    torch.save({"model": sd}, path)
+    return str(path)
+
+
+def class_tree(root: Path, counts: dict[str, int]) -> str:
+    for name, n in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            (root / name / f"{i}.png").write_bytes(png_bytes(8, seed=i))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, llamagen_files) -> dict:
+    """Good inputs of both llamagen model types, which the cases below spoil one at a time: a t2i GPT, VQ-16 and
+    VQ-8 files, prompt files (CSV, JSONL, COCO), T5 folders, the authors' drafter, drafter image folders."""
+    root = tmp_path_factory.mktemp("inputs")
+    n = 200  # config.yaml's sweep.n_images
+    write_gpt(root / "t2i.pt", "t2i")
+    f = {"root": root, "vq16": vq_file(root / "vq16.pt", 5), "vq8": vq_file(root / "vq8.pt", 4)}
+    (root / "prompts.csv").write_text("id,caption\n" + "".join(f"{i},a picture number {i}\n" for i in range(n)))
+    (root / "ten.csv").write_text("id,caption\n" + "".join(f"{i},a picture number {i}\n" for i in range(10)))
+    (root / "ten.jsonl").write_text("".join(json.dumps({"id": i, "caption": f"picture {i}"}) + "\n" for i in range(10)))
+    (root / "coco_no_annotations.json").write_text(json.dumps({"images": [{"id": 1}], "info": {}}))
+    (root / "coco_small.json").write_text(json.dumps({"annotations": [
+        {"image_id": i, "caption": f"a long caption {i}"} for i in range(5)]}))
+    features = root / "features"
+    features.mkdir()
+    for i in range(n):
+        np.save(features / f"{i}.npy", np.zeros((1, 3, 8), dtype=np.float32))
+    partial = root / "features_partial"
+    partial.mkdir()
+    for i in range(n - 1):
+        np.save(partial / f"{i}.npy", np.zeros((1, 3, 8), dtype=np.float32))
+    for name in ("empty_folder", "t5_no_weights"):
+        (root / name).mkdir()
+    (root / "t5_no_weights" / "config.json").write_text("{}")
+    write_authors_drafter(root / "authors", llamagen_files["gpt_ckpt"])
+    (root / "authors_config_only").mkdir()
+    (root / "authors_config_only" / "config.json").write_text((root / "authors" / "config.json").read_text())
+    wrong = torch.load(root / "authors" / "pytorch_model.bin", weights_only=True)
+    wrong["fc.weight"] = torch.zeros(64, 3 * 64, dtype=torch.float16)  # a drafter for another fusion: wrong shape
+    write_authors_drafter(root / "authors_wrong", llamagen_files["gpt_ckpt"])
+    torch.save(wrong, root / "authors_wrong" / "pytorch_model.bin")
+    class_tree(root / "classes", {"n01": 2, "n02": 1})
+    (root / "flat").mkdir()
+    (root / "flat" / "0.png").write_bytes(png_bytes(8))
+    class_tree(root / "captioned", {"img": 2})
+    (root / "captioned" / "captions.csv").write_text("image,caption\nimg/0.png,a cat\nimg/1.png,a dog\n")
+    f.update({k: str(root / k) for k in ("prompts.csv", "ten.csv", "ten.jsonl", "coco_no_annotations.json",
+                                         "coco_small.json", "features", "features_partial", "empty_folder",
+                                         "t5_no_weights", "authors", "authors_config_only", "authors_wrong",
+                                         "classes", "flat", "captioned")})
+    f["t2i"] = str(root / "t2i.pt")
+    return f
+
+
+def input_worlds(f: dict, lg: dict) -> dict[str, dict]:
+    """The passing worlds: c2i with the authors' drafter or one trained on class folders, t2i with T5 features."""
+    metrics = {"reference": str(f["root"]), "resolution": 256, "class_names": "imagenet"}
+    c2i = {"world": "llamagen", "metrics": metrics, "llamagen": {**lg, "vq_ckpt": f["vq16"], "drafter_ckpt": ""}}
+    t2i_lg = {"model_type": "t2i", "gpt_ckpt": f["t2i"], "gpt_size": GPT_SIZE, "vq_ckpt": f["vq16"],
+              "prompts": {"file": f["prompts.csv"]}, "t5": {"features": f["features"]},
+              "authors_drafter": f["authors"]}
+    return {
+        "c2i-authors": merge(c2i, {"llamagen": {"authors_drafter": f["authors"]}}),
+        "c2i-train": merge(c2i, {"llamagen": {"drafter": {"images": f["classes"], "n_images": 3, "shards": 1}}}),
+        "t2i": {"world": "llamagen", "metrics": metrics, "llamagen": t2i_lg},
+    }
+
+
+def merge(base: dict, over: dict) -> dict:
+    from lantern.pipeline.config import merge_config
+
+    return merge_config(json.loads(json.dumps(base)), over)
+
+
+# (case id, passing world, its change, regex): each class of input a job refused only at run time before
+INPUT_CASES = [
+    ("downsample-8-with-a-vq16", "c2i-authors", lambda f: {"llamagen": {"downsample": 8}},
+     r"config: llamagen\.downsample = 8, but llamagen\.vq_ckpt .*vq16\.pt downsamples by 16; set llamagen\.downsample: 16 \(256 px -> 16 x 16 tokens\)"),
+    ("downsample-16-with-a-vq8", "c2i-authors", lambda f: {"llamagen": {"vq_ckpt": f["vq8"]}},
+     r"llamagen\.downsample = 16, but llamagen\.vq_ckpt .*vq8\.pt downsamples by 8"),
+    ("downsample-with-our-toy-vq", "c2i-authors", lambda f: {"llamagen": {"vq_ckpt": str(TOY / "vq.pt")}},
+     r"llamagen\.downsample = 16, but llamagen\.vq_ckpt .*vq\.pt downsamples by 4"),
+    ("t5-path-empty-folder", "t2i", lambda f: {"llamagen": {"t5": {"path": f["empty_folder"]}}},
+     r"config: llamagen\.t5\.path = .*empty_folder is empty; point it at a local flan-t5-xl folder"),
+    ("t5-path-without-weights", "t2i", lambda f: {"llamagen": {"t5": {"path": f["t5_no_weights"]}}},
+     r"llamagen\.t5\.path = .*t5_no_weights holds no weights"),
+    ("t5-features-empty-folder", "t2i", lambda f: {"llamagen": {"t5": {"features": f["empty_folder"]}}},
+     r"config: llamagen\.t5\.features = .*empty_folder is empty \(first: 0\.npy\)"),
+    ("t5-features-one-missing", "t2i", lambda f: {"llamagen": {"t5": {"features": f["features_partial"]}}},
+     r"llamagen\.t5\.features = .*features_partial lacks 1 of the 200 prompts' files \(first: 199\.npy\)"),
+    ("prompts-csv-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.csv"]}}},
+     r"config: sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.csv holds \(10\); "
+     r"lower sweep\.n_images to <= 10"),
+    ("prompts-jsonl-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.jsonl"]}}},
+     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.jsonl holds \(10\)"),
+    ("coco-without-annotations", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
+                                                                           f["coco_no_annotations.json"]}}},
+     r"config: llamagen\.prompts\.coco_captions .*coco_no_annotations\.json has no \"annotations\" list"),
+    ("coco-too-few-images", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
+                                                                      f["coco_small.json"]}}},
+     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.coco_captions .*coco_small\.json holds \(5\)"),
+    ("authors-drafter-empty-folder", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["empty_folder"]}},
+     r"config: llamagen\.authors_drafter: .*empty_folder holds none of model\.safetensors"),
+    ("authors-drafter-config-only", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["authors_config_only"]}},
+     r"config: llamagen\.authors_drafter: .*authors_config_only holds none of"),
+    ("authors-drafter-wrong-shapes", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["authors_wrong"]}},
+     r"config: llamagen\.authors_drafter: drafter tensors do not fit this target .*fc\.weight \(64, 192\) vs \(64, 128\)"),
+    ("authors-drafter-for-t2i-given-c2i", "t2i", lambda f: {"llamagen": {"authors_drafter": f["authors_wrong"]}},
+     r"llamagen\.authors_drafter: drafter tensors do not fit"),
+    ("drafter-images-too-few", "c2i-train", lambda f: {"llamagen": {"drafter": {"n_images": 4}}},
+     r"config: llamagen\.drafter\.n_images = 4 exceeds the 3 images in llamagen\.drafter\.images .*classes; "
+     r"lower llamagen\.drafter\.n_images to <= 3"),
+    ("drafter-images-default-count", "c2i-train", lambda f: {"llamagen": {"drafter": {"n_images": 100000}}},
+     r"llamagen\.drafter\.n_images = 100000 exceeds the 3 images"),
+    ("drafter-images-no-class-folders", "c2i-train", lambda f: {"llamagen": {"drafter": {"images": f["flat"]}}},
+     r"config: llamagen\.drafter\.images = .*flat has no class folders"),
+    ("drafter-images-captioned-too-few", "t2i", lambda f: {"llamagen": {"authors_drafter": "", "drafter": {
+        "images": f["captioned"], "n_images": 5, "shards": 1}}},
+     r"llamagen\.drafter\.n_images = 5 exceeds the 2 images in llamagen\.drafter\.images .*captioned"),
+    ("drafter-images-captioned-without-captions", "t2i", lambda f: {"llamagen": {"authors_drafter": "", "drafter": {
+        "images": f["classes"], "n_images": 2, "shards": 1}}},
+     r"config: llamagen\.drafter\.images: .*classes has neither of captions\.csv and captions\.jsonl"),
+]
+# through snakemake -n as well: one per kind of file
+INPUT_SNAKEMAKE_TOO = {"downsample-8-with-a-vq16", "t5-features-empty-folder", "prompts-csv-too-few",
+                       "authors-drafter-wrong-shapes", "drafter-images-too-few"}
+
+
+@pytest.mark.parametrize("world", ["c2i-authors", "c2i-train", "t2i"])
+def test_the_input_worlds_pass(world, inputs, llamagen_files, tmp_path):
+    """Each world the input cases spoil passes as it is, so each case fails for its own reason."""
+    path, _ = write_override(tmp_path, input_worlds(inputs, llamagen_files)[world])
+    r = run(lantern_cmd("check-config", CONFIG, str(path)))
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("world, change, pattern", [pytest.param(w, c, p, id=i) for i, w, c, p in INPUT_CASES])
+def test_bad_input_file_stops_before_any_job(world, change, pattern, inputs, llamagen_files, tmp_path, request):
+    path, out = write_override(tmp_path, merge(input_worlds(inputs, llamagen_files)[world], change(inputs)))
+    r = run(lantern_cmd("check-config", CONFIG, str(path)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert_one_line(r.returncode, r.stdout, r.stderr, pattern)
+    if request.node.callspec.id in INPUT_SNAKEMAKE_TOO:
+        s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path)])
+        assert error_lines(s.stderr) == error_lines(r.stderr)
+    assert not out.exists()
+
+
+def test_an_overlay_without_keys_is_refused_by_snakemake_too(tmp_path):
+    """check-config refuses it (CONFIG_FILE_CASES) because Snakemake does: both stop, neither plans a job."""
+    path = config_file(tmp_path, "off.yaml", "# sweep:\n#   n_images: 8\n")
+    s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", path])
+    assert s.returncode != 0 and "keys at top level" in s.stdout + s.stderr and "Job stats" not in s.stdout
+
+
+def test_mode_images_caps_and_never_demands(tmp_path):
+    """config.yaml's mode_images {greedy: 32} under an overlay's n_images: 8: greedy decodes min(32, 8) = 8."""
+    from lantern.pipeline.config import mode_images, mode_shard_ranges, shard_ranges, validate_config
+
+    path = config_file(tmp_path, "eight.yaml", "sweep: {n_images: 8}\n")
+    r = run(lantern_cmd("check-config", CONFIG, path))
+    assert r.returncode == 0 and r.stdout.startswith("config OK"), r.stderr
+    s = run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", path])
+    assert s.returncode == 0, s.stderr[-2000:]
+    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 8}}))
+    assert mode_images(cfg["sweep"], "greedy") == 8
+    assert mode_shard_ranges(cfg["sweep"], "greedy") == shard_ranges(8, 1, 8)
+    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 64}}))
+    assert mode_images(cfg["sweep"], "greedy") == 32  # below n_images the cap still holds
+
+
+# -- a full or unwritable disk, wherever the project writes: one line naming the path, nothing half-written --------
+def writers(f: Path, out: Path) -> dict[str, list[str]]:
+    """A command per kind of output: a table (prompts CSV), a torch file (neighbour table), images + rows +
+    manifest (sample), a JSON (evaluate)."""
+    return {"prompts": ["prompts", "--file", str(f / "prompts.csv"), "--out", str(out / "prompts.csv")],
+            "neighbours": ["neighbours", "--vq", str(TOY / "vq.pt"), "--out", str(out / "nb.pt")],
+            "sample": sample(out / "shard")}
+
+
+class FillsUp:
+    """A file on a disk that fills up: the first write lands half, then ENOSPC."""
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data):
+        self._f.write(data[: len(data) // 2])
+        self._f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def enospc_on_write(monkeypatch):
+    """The disk fills while an output's temporary file is written (open() and Path.open both go through here)."""
+    import builtins
+
+    real = io.open
+
+    def opener(file, mode="r", *a, **k):
+        f = real(file, mode, *a, **k)
+        return FillsUp(f) if str(file).endswith(".tmp") and "w" in mode else f
+    monkeypatch.setattr(builtins, "open", opener)
+    monkeypatch.setattr(io, "open", opener)
+
+
+def fail_rename(err: int):
+    def patch(monkeypatch):
+        def replace(src, dst, *a, **k):
+            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+        monkeypatch.setattr("lantern.io.os.replace", replace)
+    return patch
+
+
+def deny_create(monkeypatch):
+    """EACCES creating the temporary file beside the output (tests run as root, whom chmod does not stop)."""
+    def mkstemp(*a, dir=None, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+    monkeypatch.setattr("lantern.io.tempfile.mkstemp", mkstemp)
+
+
+def deny_folders(monkeypatch):
+    """EACCES making an output folder (sample's resumable partial folder is made outside the atomic writes)."""
+    real = Path.mkdir
+
+    def mkdir(self, *a, **k):
+        if "out" in self.parts:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *a, **k)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+
+
+DISK_FAULTS = {
+    "enospc-while-writing": (enospc_on_write, r"cannot write .*out/\S+: no space left on the device \(ENOSPC\); "
+                                              r"free space on the file system of .*out"),
+    "enospc-on-rename": (fail_rename(errno.ENOSPC), r"cannot write .*out/\S+: no space left on the device"),
+    "edquot-on-rename": (fail_rename(errno.EDQUOT), r"no space left on the device \(EDQUOT\)"),
+    "eacces-creating": (deny_create, r"cannot write .*out/\S+: permission denied \(EACCES\); make .*out\S* writable"),
+    "erofs-on-rename": (fail_rename(errno.EROFS), r"cannot write .*out/\S+: read-only file system \(EROFS\)"),
+    "eacces-making-folders": (deny_folders, r"cannot (write|access) .*out\S*: permission denied \(EACCES\)"),
+}
+
+
+@pytest.mark.parametrize("command", ["prompts", "neighbours", "sample"])
+@pytest.mark.parametrize("fault", list(DISK_FAULTS))
+def test_full_or_unwritable_disk_is_one_line_and_leaves_nothing(command, fault, files, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = writers(files, out)[command]
+    make_fault, pattern = DISK_FAULTS[fault]
+    make_fault(monkeypatch)
+    rc = cli(args)
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert_one_line(rc, captured.out, captured.err, pattern)
+    finished = [p for p in out.rglob("*") if p.is_file()]
+    assert not [p for p in finished if p.name.endswith(".tmp")], "a temporary file was left behind"
+    assert not [p for p in finished if p.suffix in (".csv", ".pt", ".png") or p.name == "manifest.json"], finished
+
+
+def test_a_real_read_only_folder_is_one_line(files, tmp_path, capsys):
+    """Without simulation where the OS denies it (not as root, whom chmod does not stop)."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder; the simulated EACCES cases cover this")
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        rc = cli(writers(files, out)["prompts"])
+    finally:
+        out.chmod(0o700)
+    captured = capsys.readouterr()
+    assert_one_line(rc, captured.out, captured.err, r"cannot write .*ro/prompts\.csv: permission denied")

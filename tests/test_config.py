@@ -45,8 +45,8 @@ def lantern_method(**kw):
     ({"sweep": {"methods": []}}, r"sweep\.methods is empty"),
     ({"sweep": {"modes": []}}, r"sweep\.modes is empty"),
     ({"sweep": {"n_images": 2, "shards": 3}}, r"sweep\.shards = 3 is more than sweep\.n_images = 2"),
-    ({"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 30}}},
-     r"mode_images\.greedy = 30 must lie between sweep\.shards \(2: one image per shard\) and sweep\.n_images \(20\)"),
+    ({"sweep": {"modes": ["greedy"], "n_images": 20, "mode_images": {"greedy": 1}}},
+     r"mode_images\.greedy = 1 is fewer than sweep\.shards \(2\): every shard needs an image"),
     ({"sweep": {"modes": ["greedy"], "n_images": 200, "shards": 2, "batch_size": {"greedy": 8}, "mode_images": {"greedy": 199}}},
      r"mode_images\.greedy = 199 puts 99 images in shard 0, which holds 96"),
     ({"sweep": {"methods": [{"name": "exact", "drafting": "static", "tree": [[0], [0, 1]]}]}}, r"\.tree: "),
@@ -73,6 +73,8 @@ def test_mode_images_of_a_mode_that_does_not_run_are_ignored():
     assert mode_shard_ranges(cfg["sweep"], "sampling") == [(0, 2), (2, 4)]
     lifted = validate_config({"sweep": {"modes": ["greedy"], "n_images": 4, "mode_images": {"greedy": None}}})
     assert mode_shard_ranges(lifted["sweep"], "greedy") == [(0, 2), (2, 4)]
+    capped = validate_config({"sweep": {"modes": ["greedy"], "n_images": 4, "mode_images": {"greedy": 30}}})
+    assert mode_shard_ranges(capped["sweep"], "greedy") == [(0, 2), (2, 4)]  # a cap, never a demand
     with pytest.raises(UserError, match="gredy") as err:
         validate_config({"sweep": {"mode_images": {"gredy": 32}}})
     assert "\n" not in str(err.value)

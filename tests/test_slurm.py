@@ -8,6 +8,7 @@ workflow/profiles/slurm with its sizes cut to this machine, compare it with the 
 tests/slurm/mini/Snakefile (the pipeline's rule names, seconds per job) serves the retry and allocator tests.
 """
 import fcntl
+import json
 import os
 import re
 import subprocess
@@ -358,6 +359,11 @@ def test_slurm_run_matches_local_run(slurm, smoke_run, tmp_path, rules):
     slurm_h = result_hashes(out)
     differ = sorted(k for k in smoke_run.hashes.keys() | slurm_h.keys() if smoke_run.hashes.get(k) != slurm_h.get(k))
     assert not differ, f"results differ between the local and the SLURM run: {differ}"
+    # ... at one thread count on both sides: smoke.yaml's `threads: 1`, recorded by the trainers beside their models
+    for side in (smoke_run.out, out):
+        counts = {json.loads(p.read_text())["threads"] for name in ("vq", "target")
+                  for p in side.glob(f"toy/*/models/{name}.json")}
+        assert counts == {1}, (side, counts)
 
     report = tmp_path / "slurm_jobs.tsv"
     report.write_text("jobid\tcomment\tsubmit\tstart\tend\n" + "".join("\t".join(r) + "\n" for r in rows))
@@ -382,3 +388,36 @@ def test_slurm_retry_gets_more_time(slurm, tmp_path):
     for attempt, job in enumerate(jobs, start=1):
         check_job(job, requested(scaled, "flaky", attempt), f"flaky attempt {attempt}")
     assert minutes(jobs[1]["TimeLimit"]) > minutes(jobs[0]["TimeLimit"])
+
+
+# --- thread counts: two runs of one config compute alike wherever they run ------------------------------------------
+
+TORCH_JOBS = ("ambiguity", "evaluate", "proximity", "sample", "tokenize", "train-gpt", "train-vq")  # take --threads
+TORCH_PARAMS_JOBS = ("train-clip", "train-drafter")  # take "threads" in --params
+
+
+def planned_threads(tmp_path: Path, *args: str) -> dict[str, set[int]]:
+    """The torch thread counts `snakemake -n -p` plans for every job of the smoke DAG, by command."""
+    r = subprocess.run(snakemake_cmd("-n", "-p", "--forceall", *WORKFLOWS["smoke"], "--directory", str(tmp_path / "wd"),
+                                     *args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found: dict[str, set[int]] = {}
+    for command, rest in re.findall(r"\blantern ([a-z-]+) (.*)", r.stdout):
+        n = re.search(r'--threads (\d+)|\\?"threads\\?": (\d+)', rest)
+        found.setdefault(command, set()).add(int(n[1] or n[2]) if n else None)
+    return found
+
+
+def test_every_torch_job_runs_the_configured_thread_count(tmp_path):
+    """config.threads fixes torch's thread count in every job that computes with torch (smoke.yaml: 1), whatever
+    the cores or a profile's max-threads give the rule: CPU kernels round differently at another count, so a local
+    run on 2 cores and a SLURM run on 1 core per job train the same models only at one fixed count."""
+    for cores, extra in (("2", ()), ("1", ("--max-threads", "1"))):
+        found = planned_threads(tmp_path, "--cores", cores, *extra)
+        assert set(TORCH_JOBS + TORCH_PARAMS_JOBS) <= set(found), sorted(found)
+        for command in TORCH_JOBS + TORCH_PARAMS_JOBS:
+            assert found[command] == {1}, (command, found[command], cores)
+    # threads: 0 leaves each job its rule's `threads` (train-gpt: 2 on two cores), still passed explicitly
+    found = planned_threads(tmp_path, "--cores", "2", "--config", "threads=0")
+    assert found["train-gpt"] == {2} and found["train-vq"] == {1}
+    assert all(None not in found[c] for c in TORCH_JOBS + TORCH_PARAMS_JOBS)

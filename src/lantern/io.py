@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -21,20 +22,64 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+# A full disk or a quota: whatever file is being written, the fix is room on its file system.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# Permission denied, a read-only file system: the fix is the folder's permissions or another outdir.
+NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def disk_error(e: OSError, path: str | os.PathLike | None = None) -> UserError | None:
+    """The one line for an OSError of a full or unwritable disk (None for any other OSError): the path, and what
+    to free or fix. `path`: the file being written (else the error's own file name)."""
+    where = Path(path) if path else Path(e.filename) if e.filename else None
+    at = f" {where}" if where else ""
+    if e.errno in NO_SPACE:
+        folder = where.parent if where else Path.cwd()
+        return UserError(f"cannot write{at}: no space left on the device ({errno.errorcode[e.errno]}); free space on "
+                         f"the file system of {folder} (`df -h {folder}`) or set outdir to a disk with room, then run "
+                         "again (finished files are kept, nothing half-written was left)")
+    if e.errno in NO_ACCESS:
+        name = {errno.EROFS: "read-only file system"}.get(e.errno, "permission denied")
+        if path is None:  # the CLI's net: the failing call may have been a read as well as a write
+            return UserError(f"cannot access{at}: {name} ({errno.errorcode[e.errno]}); make it and its folder "
+                             "accessible to this user (chmod / chown), or set outdir to a writable folder")
+        return UserError(f"cannot write{at}: {name} ({errno.errorcode[e.errno]}); make {where.parent} writable for "
+                         "this user (chmod / chown) or set outdir to a writable folder")
+    return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds. A full or
+    unwritable disk is one UserError naming `path` (the temporary file is removed, `path` left as it was)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise (disk_error(e, path) or e) from None
     tmp = Path(tmp)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files private; results are ordinary files
         os.replace(tmp, path)
+    except OSError as e:
+        # a write into the temporary file names it (or nothing): the user's file is `path`
+        error = disk_error(e, path) if e.errno in NO_SPACE or e.filename in (None, str(tmp)) else None
+        if error is None:
+            raise
+        raise error from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def not_a_file(what: str, path: str | os.PathLike, fix: str = "") -> UserError:
+    """The line for a path that is no file: a folder where a file belongs says so, rather than "does not exist"."""
+    path = Path(path)
+    if path.is_dir():
+        return UserError(f"{what} {path} is a folder, not a file; give the file itself (e.g. {path}/<name>)")
+    return UserError(f"{what} {path} does not exist{fix}")
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
@@ -56,7 +101,7 @@ def load_torch(path: str | os.PathLike, what: str, maker: str = "", mmap: bool =
     path = Path(path)
     fix = f"; make it with `{maker}`" if maker else "; check the path"
     if not path.is_file():
-        raise UserError(f"{what} {path} does not exist{fix}")
+        raise not_a_file(what, path, fix)
     try:
         with warnings.catch_warnings():  # e.g. torch's note on a foreign pickle's protocol: the error says it all
             warnings.simplefilter("ignore")

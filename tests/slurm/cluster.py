@@ -115,9 +115,10 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 GresTypes=gpu
 ReturnToService=2
-# Finished jobs stay visible to squeue/scontrol for 10 min: the plugin's squeue status check and the test's
-# scontrol checks both need them.
-MinJobAge=600
+# Finished jobs stay visible to squeue/scontrol for the cluster's whole life (a day; it lives for one test
+# session): the plugin's squeue status check and the test's scontrol checks of every job need them, and on a busy
+# machine the smoke DAG's first jobs finish more than 10 min before the run ends.
+MinJobAge=86400
 {node_line(host)}
 # Two jobs per core: a test job spends much of its life starting Python and waiting for the status poll, so
 # sharing cores hides that latency (a real cluster gives each job its own cores).

@@ -13,6 +13,7 @@ rule generate:
     # One thread: batch-1 decoding of small models is fastest single-threaded, and jobs then time fairly side by side.
     threads: 1
     params:
+        threads=lambda w, threads: threads_arg(threads),
         method=lambda w: as_arg(POINTS[w.point]),
         seed=lambda w: POINTS[w.point]["seed"],
         start=lambda w: shard_range(w.shard, w.mode)[0],
@@ -36,4 +37,4 @@ rule generate:
         " --method {params.method} --sampling {params.sampling} --mode {wildcards.mode} --seed {params.seed}"
         " --start {params.start} --end {params.end} --out {output:q} --device {params.device} --dtype {params.dtype}"
         " --compile {params.compile} --batch-size {params.batch} --latency-images {params.latency}"
-        " --pad-semantics {params.pad} --threads {threads} > {log:q} 2>&1"
+        " --pad-semantics {params.pad} --threads {params.threads} > {log:q} 2>&1"

@@ -38,6 +38,7 @@ rule evaluate:
         f"{OUT}/benchmarks/evaluate/{{mode}}/{{point}}.tsv"
     threads: 1
     params:
+        threads=lambda w, threads: threads_arg(threads),
         images=lambda w, input: " ".join(shlex.quote(f"{s}/images") for s in input.shards),
         captions=lambda w, input: " ".join(shlex.quote(f"{s}/stats.csv") for s in input.shards),
         p=as_arg(evaluate_params(config, clip_ckpt())),
@@ -45,4 +46,4 @@ rule evaluate:
         "../../environment.yml"
     shell:
         "lantern-gpu-run lantern evaluate --images {params.images} --reference {input.reference:q}"
-        " --captions {params.captions} --out {output:q} --params {params.p} --threads {threads} > {log:q} 2>&1"
+        " --captions {params.captions} --out {output:q} --params {params.p} --threads {params.threads} > {log:q} 2>&1"

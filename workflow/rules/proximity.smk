@@ -20,6 +20,7 @@ rule proximity:
         name="|".join(PROXIMITY_NAMES),
     threads: 2
     params:
+        threads=lambda w, threads: threads_arg(threads),
         tokens=proximity_tokens,
         fidelity=as_arg(PROXIMITY_FIDELITY),
         p=as_arg({k: v for k, v in PROXIMITY.items() if k != "enabled"}),
@@ -29,7 +30,7 @@ rule proximity:
     shell:
         "lantern-gpu-run lantern proximity --vq {input.vq:q} --neighbours {input.neighbours:q} --tokens {params.tokens}"
         " --fidelity {params.fidelity} --params {params.p} --world {wildcards.name} --out {output.table:q}"
-        " --strip {output.strip:q} --device {params.device} --threads {threads} > {log:q} 2>&1"
+        " --strip {output.strip:q} --device {params.device} --threads {params.threads} > {log:q} 2>&1"
 
 
 # A toy world other than the default has its own VQ, hence its own table (the sweep's is the default VQ's).

@@ -29,10 +29,12 @@ rule tokenize:
     log:
         f"{OUT}/logs/tokenize/{{world}}_{{split}}.log",
     threads: 2
+    params:
+        threads=lambda w, threads: threads_arg(threads),
     conda:
         "../../environment.yml"
     shell:
-        "lantern tokenize --data {input.data:q} --vq {input.vq:q} --out {output:q} > {log:q} 2>&1"
+        "lantern tokenize --data {input.data:q} --vq {input.vq:q} --out {output:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 rule ambiguity:
@@ -52,13 +54,14 @@ rule ambiguity:
         f"{OUT}/benchmarks/ambiguity/{{world}}.tsv"
     threads: 2
     params:
+        threads=lambda w, threads: threads_arg(threads),
         p=as_arg(config["toy"].get("ambiguity", {})),
     conda:
         "../../environment.yml"
     shell:
         "lantern ambiguity --target {input.target:q} --vq {input.vq:q} --heldout {input.heldout:q} --out {output.table:q}"
         " --steps-out {output.steps:q} --grid {output.grid:q} --stats-out {output.stats:q} --val-images {input.val:q}"
-        " --params {params.p} --threads {threads} > {log:q} 2>&1"
+        " --params {params.p} --threads {params.threads} > {log:q} 2>&1"
 
 
 if TRAIN_TOY:
@@ -75,12 +78,13 @@ if TRAIN_TOY:
             f"{OUT}/benchmarks/train_vq/{{world}}.tsv"
         threads: 1
         params:
+            threads=lambda w, threads: threads_arg(threads),
             p=as_arg(config["toy"]["vq"]),
         conda:
             "../../environment.yml"
         shell:
             "lantern train-vq --data {input.data:q} --val {input.val:q} --out {output:q} --params {params.p}"
-            " --threads {threads} > {log:q} 2>&1"
+            " --threads {params.threads} > {log:q} 2>&1"
 
     rule train_gpt:
         input:
@@ -94,9 +98,10 @@ if TRAIN_TOY:
             f"{OUT}/benchmarks/train_gpt/{{world}}.tsv"
         threads: 2
         params:
+            threads=lambda w, threads: threads_arg(threads),
             p=lambda w: as_arg(target_params(config, w.world)),
         conda:
             "../../environment.yml"
         shell:
             "lantern train-gpt --tokens {input.tokens:q} --val {input.val:q} --out {output:q} --params {params.p}"
-            " --threads {threads} > {log:q} 2>&1"
+            " --threads {params.threads} > {log:q} 2>&1"

@@ -72,6 +72,36 @@ def extract_state_dict(obj: dict, path: str | os.PathLike = "<checkpoint>") -> d
     )
 
 
+# What each kind of file is given as, for the line that names a file of another kind.
+KIND_FLAGS = {"VQ tokenizer": "llamagen.vq_ckpt / --vq", "LlamaGen GPT": "llamagen.gpt_ckpt / --target",
+              "drafter": "llamagen.drafter_ckpt / --drafter"}
+
+
+def checkpoint_kind(obj: dict) -> str | None:
+    """Which of the project's kinds of torch file `obj` holds (a VQ tokenizer, a LlamaGen GPT, a drafter), read from
+    its format tag or its tensor names; None when it is none of them."""
+    from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
+
+    if obj.get("format") == DRAFTER_FORMAT:
+        return "drafter"
+    sd = obj if obj and all(isinstance(v, torch.Tensor) for v in obj.values()) else next(
+        (obj[k] for k in CONTAINERS if isinstance(obj.get(k), dict)), {})
+    if "quantize.embedding.weight" in sd:
+        return "VQ tokenizer"
+    if "tok_embeddings.weight" in sd:
+        return "LlamaGen GPT"
+    return None
+
+
+def wrong_kind(obj: dict, path, want: str) -> UserError | None:
+    """The one line for a file of another kind where a `want` belongs, e.g. the VQ given as the GPT."""
+    kind = checkpoint_kind(obj)
+    if kind is None or kind == want:
+        return None
+    return UserError(f"checkpoint {path} is a {kind}, not a {want}; give it as {KIND_FLAGS[kind]} and the "
+                     f"{want} as {KIND_FLAGS[want]}")
+
+
 def short_list(keys) -> str:
     keys = sorted(keys)
     return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
@@ -324,6 +354,9 @@ def _classes(spec: dict, found: Found, where: str) -> dict:
 
 def target_args(obj: dict, sd: dict[str, torch.Tensor], spec: dict, path):
     """ModelArgs for a checkpoint: its embedded args (ours), or the parsed spec plus its tensor shapes (upstream)."""
+    error = wrong_kind(obj, path, "LlamaGen GPT")
+    if error:
+        raise error
     saved = obj.get("args")
     if isinstance(saved, dict):
         try:
@@ -346,6 +379,9 @@ def load_gpt(path: str | os.PathLike, spec=None, dtype: str = "fp32", device: st
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     parsed = None if isinstance(spec, ModelArgs) else parse_spec(spec)
     obj = read_checkpoint(path)
+    error = wrong_kind(obj, path, "LlamaGen GPT")  # before the state dict: a drafter file has none
+    if error:
+        raise error
     sd = extract_state_dict(obj, path)
     args = spec if parsed is None else target_args(obj, sd, parsed, path)
     with no_init():

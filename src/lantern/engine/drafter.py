@@ -208,7 +208,12 @@ def save_drafter(path: str | Path, drafter: Drafter, params=None, **extra) -> No
 
 def read_drafter(path: str | Path, mmap: bool = False) -> dict:
     """A drafter file's contents, checked to be one (format tag, its target's config, its weights)."""
+    from lantern.engine.checkpoint import wrong_kind
+
     obj = load_torch(path, "checkpoint", mmap=mmap)
+    error = wrong_kind(obj, path, "drafter")
+    if error:
+        raise error
     if (obj.get("format") != FORMAT or not isinstance(obj.get("target_args"), dict)
             or not isinstance(obj.get("drafter"), dict) or not isinstance(obj.get("options", {}), dict)):
         raise UserError(f"{path} is not a drafter checkpoint written by `lantern train-drafter` or `lantern convert`")

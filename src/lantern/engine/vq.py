@@ -280,18 +280,42 @@ class VQModel(nn.Module):
         return self.decode(self.quantize.get_codebook_entry(indices, shape))
 
 
-def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
-    """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file without them is taken as VQ-16."""
-    from lantern.engine.checkpoint import extract_state_dict, load_weights, no_init, parse_device, read_checkpoint
+def encoder_levels(sd: dict) -> int:
+    """Resolution levels of a VQ state dict's encoder (encoder.conv_blocks.<level>...; 0 when it has none)."""
+    levels = {k.split(".")[2] for k in sd if k.startswith("encoder.conv_blocks.")}
+    return len({int(x) for x in levels if x.isdigit()})
 
-    obj = read_checkpoint(path)
-    if args is None:
-        stored = obj.get("args")
+
+def file_args(obj: dict, sd: dict, path) -> VQArgs:
+    """The VQArgs of a VQ file: stored in ours; an upstream file carries only tensors, and the number of its
+    encoder's levels tells VQ-16 (5 levels) from VQ-8 (4); one holding no encoder is taken as VQ-16."""
+    stored = obj.get("args")
+    if isinstance(stored, dict):
         try:
-            args = VQArgs(**stored) if isinstance(stored, dict) else VQ_CONFIGS["VQ-16"]
+            return VQArgs(**stored)
         except (TypeError, ValueError) as e:
             raise UserError(f"VQ checkpoint {path} has an unusable config: {e}") from None
+    levels = encoder_levels(sd)
+    known = {a.downsample: a for a in VQ_CONFIGS.values()}
+    if levels and 2 ** (levels - 1) not in known:
+        raise UserError(f"VQ checkpoint {path} has an encoder of {levels} levels (downsampling {2 ** (levels - 1)}); "
+                        f"upstream LlamaGen VQs are {', '.join(VQ_CONFIGS)} ({len(VQ_CONFIGS['VQ-16'].ch_mult)} or "
+                        f"{len(VQ_CONFIGS['VQ-8'].ch_mult)} levels)")
+    return known[2 ** (levels - 1)] if levels else VQ_CONFIGS["VQ-16"]
+
+
+def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
+    """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file's are read from its tensors."""
+    from lantern.engine.checkpoint import extract_state_dict, load_weights, no_init, parse_device, read_checkpoint, \
+        wrong_kind
+
+    obj = read_checkpoint(path)
+    error = wrong_kind(obj, path, "VQ tokenizer")
+    if error:
+        raise error
+    sd = extract_state_dict(obj, path)
+    args = args or file_args(obj, sd, path)
     with no_init():
         model = VQModel(args)
-    load_weights(model, extract_state_dict(obj, path), path)
+    load_weights(model, sd, path)
     return model.to(parse_device(device)).eval()

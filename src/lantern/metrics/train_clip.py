@@ -192,6 +192,7 @@ def main(argv: list[str]) -> None:
         vq = load_vq(a.vq)
     if p.threads > 0:
         torch.set_num_threads(p.threads)
+    p = dataclasses.replace(p, threads=torch.get_num_threads())  # recorded: CPU rounding depends on it
     torch.manual_seed(p.seed)
     cfg = model_config(p, images.shape[-1])
     n_train = len(images) - p.n_val

@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full or unwritable disk outside lantern.io's atomic writes (a job's own folders)
+        from lantern.io import disk_error
+
+        error = disk_error(e)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from lantern.errors import UserError
+from lantern.pipeline.config_inputs import check_llamagen_inputs, check_outdir, check_vq_downsample
 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -46,7 +47,8 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
         extra = sorted(set(err.instance) - set(allowed))
         return UserError(f"config: unknown key {where}.{extra[0]}; allowed keys there: {', '.join(allowed)}".replace("<top level>.", ""))
     if err.validator == "enum":
-        return UserError(f"config: {where} = {err.instance!r} is not allowed; use one of {', '.join(map(str, err.validator_value))}")
+        return UserError(f"config: {where} = {err.instance!r} is not allowed; use one of "
+                         f"{', '.join(map(_yaml_word, err.validator_value))}")
     if err.validator == "type":
         kind = str(err.validator_value)
         article = "an" if kind[0] in "aeiou" else "a"
@@ -54,6 +56,15 @@ def _schema_error(err: jsonschema.ValidationError) -> UserError:
     if err.validator == "required":
         return UserError(f"config: {where} is missing {err.message.split()[0]}; add it")
     return UserError(f"config: {where}: {err.message}")
+
+
+def _yaml_word(value) -> str:
+    """A value as a YAML file spells it: true / false / null, not Python's True / False / None."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _check_integers(node, schema: dict, path: tuple = ()) -> None:
@@ -211,9 +222,10 @@ def _check_sweep(cfg: dict) -> None:
     for mode, m in sweep.get("mode_images", {}).items():
         if mode not in sweep["modes"] or m is None:
             continue
-        if not sweep["shards"] <= m <= sweep["n_images"]:
-            raise UserError(f"config: sweep.mode_images.{mode} = {m} must lie between sweep.shards "
-                            f"({sweep['shards']}: one image per shard) and sweep.n_images ({sweep['n_images']})")
+        if m < sweep["shards"]:
+            raise UserError(f"config: sweep.mode_images.{mode} = {m} is fewer than sweep.shards ({sweep['shards']}): "
+                            f"every shard needs an image; raise mode_images.{mode} or lower shards")
+        m = mode_images(sweep, mode)
         wanted = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
         too_many = [(j, hi - lo, c) for j, ((lo, hi), c) in enumerate(zip(ranges, wanted)) if c > hi - lo]
         if too_many:
@@ -262,6 +274,8 @@ def _check_methods(cfg: dict) -> None:
 def _require_file(key: str, value: str) -> None:
     if not value:
         raise UserError(f"config: {key} is empty; set it to the file on disk")
+    if Path(value).is_dir():
+        raise UserError(f"config: {key} = {value} is a folder, not a file; give the file itself (e.g. {value}/<name>)")
     if not Path(value).is_file():
         raise UserError(f"config: {key} = {value} does not exist; place the file there or fix the path")
 
@@ -329,7 +343,7 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     """What the jobs would refuse in the llamagen world's files, found before any job: the GPT must be a LlamaGen GPT
     that agrees with the llamagen keys and the VQ's codebook, and a drafter file must be a drafter for it. Only the
     files' headers are read (the tensors stay on disk, memory-mapped); the VQ's codebook was read with the methods."""
-    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args, wrong_kind
     from lantern.engine.drafter import check_drafter_target, read_drafter
     from lantern.io import load_torch
 
@@ -340,6 +354,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     path = lg["gpt_ckpt"]
     try:
         obj = load_torch(path, "checkpoint", mmap=True)
+        if error := wrong_kind(obj, path, "LlamaGen GPT"):  # a drafter file holds no state dict: name its kind first
+            raise error
         args = target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
     except UserError as e:
         raise UserError(f"config: llamagen.gpt_ckpt: {e}") from None
@@ -397,12 +413,15 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if errors:
         raise _schema_error(jsonschema.exceptions.best_match(errors))
     _check_integers(cfg, schema)
+    check_outdir(cfg)
     _fill_llamagen(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
     _check_metric_sizes(cfg)
     if cfg["world"] == "llamagen":
+        check_vq_downsample(cfg)
         _check_llamagen_checkpoints(cfg)
+        check_llamagen_inputs(cfg)
     return cfg
 
 
@@ -445,14 +464,21 @@ def shard_ranges(n: int, shards: int, align: int = 1) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:]))
 
 
+def mode_images(sweep: dict, mode: str) -> int:
+    """Images per point in `mode`: sweep.mode_images[mode] caps sweep.n_images, never demands more (config.yaml's
+    {greedy: 32} under an overlay's n_images: 8 gives 8); null or absent: every image."""
+    m = sweep.get("mode_images", {}).get(mode)
+    return sweep["n_images"] if m is None else min(m, sweep["n_images"])
+
+
 def mode_shard_ranges(sweep: dict, mode: str) -> list[tuple[int, int]]:
     """The image ranges of a mode's shards: the sweep's shard ranges (n_images; also with mode_images[mode] = null,
     how a config layered on one that limits the mode lifts the limit), or with sweep.mode_images[mode] = m
     fewer images, the first of each shard's range (m spread over the shards as shard_ranges spreads n_images), so
     that an image keeps its index, seed and caption shard whichever modes run."""
     base = shard_ranges(sweep["n_images"], sweep["shards"], shard_alignment(sweep))
-    m = sweep.get("mode_images", {}).get(mode)
-    if m is None or m == sweep["n_images"]:
+    m = mode_images(sweep, mode)
+    if m == sweep["n_images"]:
         return base
     counts = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
     return [(lo, lo + c) for (lo, _), c in zip(base, counts)]
@@ -502,13 +528,16 @@ def main(argv: list[str]) -> None:
         if not Path(path).is_file():
             raise UserError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except UnicodeDecodeError:
             raise UserError(f"config file {path} is not UTF-8 text; save it as UTF-8") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""
             raise UserError(f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}") from None
+        if loaded is None:  # Snakemake's --configfile refuses such a file (a WorkflowError): stop here the same way
+            raise UserError(f"config file {path} holds no keys (empty, or every line commented out), which Snakemake "
+                            "refuses; add a key (or {}) or leave the file out")
         if not isinstance(loaded, dict):
             raise UserError(f"config file {path} holds a {type(loaded).__name__}; a config is a mapping of keys")
         merge_config(merged, loaded)

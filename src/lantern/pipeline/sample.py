@@ -36,7 +36,7 @@ from lantern.engine.model import PAD_SEMANTICS
 from lantern.errors import UserError
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
-from lantern.io import atomic_path, read_structured, sha256_file, write_json
+from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
 from lantern.metrics.speed import IN_JOB_REFERENCE
 
@@ -308,7 +308,7 @@ def main(argv: list[str]) -> None:
     determinism = configure_determinism(device)  # before any CUDA kernel (cuBLAS reads its workspace setting once)
     for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
         if path and not Path(path).is_file():
-            raise UserError(f"{what} {path} does not exist")
+            raise not_a_file(what, path)
     spec = read_structured(a.target_spec, "--target-spec")
 
     from lantern.engine.vq import load_vq

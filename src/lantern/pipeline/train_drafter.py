@@ -396,6 +396,8 @@ def main(argv: list[str]) -> None:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:
         torch.set_num_threads(params.threads)
+    # the count used, recorded with the drafter's params: rounding of a CPU training run depends on it
+    params = dataclasses.replace(params, threads=torch.get_num_threads())
     spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     device = parse_device(a.device)
     configure_determinism(device)  # CUDA: deterministic kernels, so a resumed run ends where an uninterrupted one does

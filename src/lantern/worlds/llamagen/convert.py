@@ -31,22 +31,28 @@ DERIVED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
 # -- reading their files --------------------------------------------------------------------------------------------
-def _read_weights(path: Path) -> dict[str, Tensor]:
-    from lantern.engine.checkpoint import extract_state_dict, read_checkpoint
+def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, Tensor]:
+    """A weights file's tensors; with shapes_only, tensors on the meta device (only the file's header is read)."""
+    from lantern.engine.checkpoint import extract_state_dict
+    from lantern.io import load_torch
 
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
         try:
-            return load_file(path)
+            if not shapes_only:
+                return load_file(path)
+            with safe_open(path, framework="pt") as f:
+                return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
         except (SafetensorError, OSError) as e:
             raise UserError(f"--src weights {path} are unreadable (truncated or not safetensors): {e}") from None
-    return dict(extract_state_dict(read_checkpoint(path), path))
+    return dict(extract_state_dict(load_torch(path, "checkpoint", mmap=shapes_only), path))
 
 
-def read_hf(src: str | Path) -> tuple[dict[str, Tensor], dict]:
-    """(state dict, config.json or {}) of an HF-style model folder or weights file (config.json beside it)."""
+def read_hf(src: str | Path, shapes_only: bool = False) -> tuple[dict[str, Tensor], dict]:
+    """(state dict, config.json or {}) of an HF-style model folder or weights file (config.json beside it); with
+    shapes_only the tensors are on the meta device (a config check reads only the files' headers)."""
     src = Path(src)
     if not src.exists():
         raise UserError(f"--src {src} does not exist; give the authors' model folder or weights file")
@@ -58,7 +64,7 @@ def read_hf(src: str | Path) -> tuple[dict[str, Tensor], dict]:
         except json.JSONDecodeError as e:
             raise UserError(f"{folder / 'config.json'} is not valid JSON: {e}") from None
     if src.is_file():
-        return _read_weights(src), config
+        return _read_weights(src, shapes_only), config
     for index in INDEX_FILES:
         if (src / index).is_file():
             try:
@@ -69,11 +75,11 @@ def read_hf(src: str | Path) -> tuple[dict[str, Tensor], dict]:
             for shard in sorted(set(weight_map.values())):
                 if not (src / shard).is_file():
                     raise UserError(f"--src {src}: shard {shard} named in {index} is missing; download every shard")
-                sd.update(_read_weights(src / shard))
+                sd.update(_read_weights(src / shard, shapes_only))
             return sd, config
     for name in WEIGHT_FILES:
         if (src / name).is_file():
-            return _read_weights(src / name), config
+            return _read_weights(src / name, shapes_only), config
     raise UserError(f"--src {src} holds none of {', '.join(WEIGHT_FILES + INDEX_FILES)}; point it at the model folder")
 
 
@@ -248,32 +254,41 @@ DRAFTER_KEYS = {
 DRAFTER_QKV = tuple(f"layers.0.{p}" for p in QKV)
 
 
-def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
-    """A Drafter for `target` computing the authors' drafter function from its state dict and config.json."""
+def check_authors_drafter(theirs: dict[str, Tensor], config: dict, a):
+    """The DrafterOptions of the authors' drafter (state dict, config.json) for a target of ModelArgs `a`, after
+    checking its keys and shapes (meta tensors suffice: `lantern check-config` reads only the files' headers)."""
     from dataclasses import replace
 
     from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter
 
-    a = target.args
     heads, layers = config.get("num_attention_heads", a.n_head), config.get("num_hidden_layers", 1)
     if heads != a.n_head or layers != 1:
         raise UserError(f"--src drafter config has {layers} layers and {heads} heads; a LlamaGen drafter for this target "
                         f"has 1 layer and the target's {a.n_head} heads")
     check_drafter_config(config, a)
     options = replace(AUTHORS_LLAMAGEN, norm_eps=float(config.get("rms_norm_eps", AUTHORS_LLAMAGEN.norm_eps)))
-    drafter = Drafter(a, options)
+    with torch.device("meta"):  # the shapes only
+        want = Drafter(a, options).state_dict()
     expected = set(DRAFTER_KEYS) | set(DRAFTER_QKV)
     unmapped, missing = sorted(set(theirs) - expected), sorted(expected - set(theirs))
     if unmapped or missing:
         parts = ([f"unmapped {short_list(unmapped)}"] if unmapped else []) + ([f"missing {short_list(missing)}"] if missing else [])
         raise UserError(f"--src is not the authors' one-layer LlamaGen drafter ({'; '.join(parts)})")
-    want = drafter.state_dict()
     wrong = [f"{k} {tuple(theirs[k].shape)} vs {(a.dim, a.dim)}" for k in DRAFTER_QKV if theirs[k].shape != (a.dim, a.dim)]
     wrong += [f"{k} {tuple(theirs[k].shape)} vs {tuple(want[DRAFTER_KEYS[k]].shape)}"
               for k in DRAFTER_KEYS if theirs[k].shape != want[DRAFTER_KEYS[k]].shape]
     if wrong:
         raise UserError(f"--src drafter tensors do not fit this target (dim {a.dim}, ffn {a.ffn_dim}, vocab "
                         f"{a.vocab_size}): {short_list(wrong)}")
+    return options
+
+
+def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
+    """A Drafter for `target` computing the authors' drafter function from its state dict and config.json."""
+    from lantern.engine.drafter import Drafter
+
+    drafter = Drafter(target.args, check_authors_drafter(theirs, config, target.args))
+    want = drafter.state_dict()
     ours = {DRAFTER_KEYS[k]: v for k, v in theirs.items() if k in DRAFTER_KEYS}
     ours["layer.attention.wqkv.weight"] = torch.cat([theirs[k] for k in DRAFTER_QKV])
     with torch.no_grad():

@@ -78,7 +78,8 @@ def read_user_prompts(path: str | Path, flag: str = "--file") -> list[tuple[str,
     path = Path(path)
     where = f"{flag} {path}"
     if not path.is_file():
-        raise UserError(f"{where} does not exist; give a CSV (id,caption) or JSONL prompt file")
+        raise UserError(f"{where} is a folder, not a file; give the CSV (id,caption) or JSONL prompt file inside it"
+                        if path.is_dir() else f"{where} does not exist; give a CSV (id,caption) or JSONL prompt file")
     try:
         rows = _read_jsonl(path, where) if path.suffix in (".jsonl", ".json") else _read_csv(path, where)
     except UnicodeDecodeError:
@@ -93,7 +94,8 @@ def coco_longest(path: str | Path, flag: str = "--coco") -> list[tuple[str, str]
     path = Path(path)
     where = f"{flag} {path}"
     if not path.is_file():
-        raise UserError(f"{where} does not exist; give the path of MS-COCO's captions_val2017.json")
+        raise UserError(f"{where} is a folder, not a file; give MS-COCO's captions_val2017.json inside it" if path.is_dir()
+                        else f"{where} does not exist; give the path of MS-COCO's captions_val2017.json")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -1,0 +1,179 @@
+"""What a run's inputs say, read before any job (`lantern check-config`, and the Snakefile through validate_config).
+
+A job would refuse each of these hours into a run (on a cluster, after the queue): an outdir that cannot hold the
+results, a VQ of another downsampling than llamagen.downsample, an empty T5 folder, fewer prompts than images, a
+COCO file without annotations, an authors' drafter that is empty or does not fit the target, fewer drafter images
+than llamagen.drafter.n_images. Only headers, key lists, file names and counts are read (counts stop at the number
+needed): this runs at every start of Snakemake, on a cluster also in every job.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lantern.errors import UserError
+
+
+def check_outdir(cfg: dict) -> None:
+    """outdir: a relative or absolute folder that is not empty, not the filesystem root, not inside a file."""
+    out = cfg["outdir"]
+    if not out.strip():
+        raise UserError("config: outdir is empty; set it to the folder for the run's results, e.g. outdir: results")
+    where = Path(os.path.abspath(out))
+    if where == Path(where.anchor):
+        raise UserError(f"config: outdir = {out} is the filesystem root, where the run would write its folders; "
+                        "set it to a folder of its own, e.g. outdir: results")
+    for p in (where, *where.parents):
+        if p.exists() and not p.is_dir():
+            inside = "is an existing file" if p == where else f"lies inside the existing file {p}"
+            raise UserError(f"config: outdir = {out} {inside}, not a folder; set outdir to a folder path "
+                            "(new or existing), e.g. outdir: results")
+
+
+def _prefixed(key: str, e: UserError, flag: str = "") -> UserError:
+    text = str(e).removeprefix(f"{flag} ") if flag else str(e)
+    return UserError(f"config: {key}: {text}")
+
+
+def check_vq_downsample(cfg: dict) -> None:
+    """llamagen.downsample against the VQ file (stored VQArgs, or an upstream file's encoder levels): a VQ-16 file
+    with downsample 8 (or the reverse) would make token grids of the wrong size."""
+    from lantern.engine.checkpoint import extract_state_dict
+    from lantern.engine.vq import encoder_levels, file_args
+    from lantern.io import load_torch
+
+    lg = cfg["llamagen"]
+    path = lg["vq_ckpt"]
+    try:
+        obj = load_torch(path, "checkpoint", mmap=True)
+        sd = extract_state_dict(obj, path)
+        if not isinstance(obj.get("args"), dict) and not encoder_levels(sd):
+            return  # a codebook without its encoder says nothing of the downsampling
+        found = file_args(obj, sd, path).downsample
+    except UserError as e:
+        raise _prefixed("llamagen.vq_ckpt", e) from None
+    if found != lg["downsample"]:
+        side = lg["image_size"] // found
+        raise UserError(f"config: llamagen.downsample = {lg['downsample']}, but llamagen.vq_ckpt {path} downsamples by "
+                        f"{found}; set llamagen.downsample: {found} ({lg['image_size']} px -> {side} x {side} tokens) "
+                        f"or give the VQ-{lg['downsample']} file")
+
+
+def _target_args(cfg: dict):
+    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.io import load_torch
+    from lantern.pipeline.config import target_spec
+
+    path = cfg["llamagen"]["gpt_ckpt"]
+    obj = load_torch(path, "checkpoint", mmap=True)
+    return target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
+
+
+def _prompt_rows(cfg: dict) -> list[tuple[str, str]]:
+    from lantern.worlds.llamagen.prompts import coco_longest, read_user_prompts
+
+    prompts = cfg["llamagen"]["prompts"]
+    key = "llamagen.prompts.file" if prompts["file"] else "llamagen.prompts.coco_captions"
+    try:
+        if prompts["file"]:
+            return read_user_prompts(prompts["file"], key)
+        return coco_longest(prompts["coco_captions"], key)
+    except UserError as e:
+        raise UserError(f"config: {e}") from None
+
+
+def check_prompts_and_t5(cfg: dict) -> None:
+    """A t2i run: enough prompts for sweep.n_images (a COCO file with its annotations), and a T5 folder that holds
+    a model (config.json and weights) or a features folder with a file for each of those prompts."""
+    rows = _prompt_rows(cfg)
+    n = cfg["sweep"]["n_images"]
+    prompts = cfg["llamagen"]["prompts"]
+    key = "llamagen.prompts.file" if prompts["file"] else "llamagen.prompts.coco_captions"
+    if len(rows) < n:
+        raise UserError(f"config: sweep.n_images = {n} asks for more prompts than {key} {prompts['file'] or prompts['coco_captions']} "
+                        f"holds ({len(rows)}); lower sweep.n_images to <= {len(rows)} or give more prompts")
+    t5 = cfg["llamagen"]["t5"]
+    if t5["path"]:
+        folder = Path(t5["path"])
+        if not (folder / "config.json").is_file():
+            held = "is empty" if not any(folder.iterdir()) else "has no config.json"
+            raise UserError(f"config: llamagen.t5.path = {folder} {held}; point it at a local flan-t5-xl folder "
+                            "(config.json, weights, tokenizer)")
+        if not any(p.suffix in (".safetensors", ".bin") for p in folder.iterdir()):
+            raise UserError(f"config: llamagen.t5.path = {folder} holds no weights (*.safetensors or *.bin); "
+                            "download the whole flan-t5-xl folder")
+    else:
+        from lantern.worlds.llamagen.captions import feature_file
+
+        folder = Path(t5["features"])
+        missing = [pid for pid, _ in rows[:n] if not feature_file(folder, pid).is_file()]
+        if missing:
+            what = "is empty" if not any(folder.iterdir()) else f"lacks {len(missing)} of the {n} prompts' files"
+            raise UserError(f"config: llamagen.t5.features = {folder} {what} (first: "
+                            f"{feature_file(folder, missing[0]).name}); precompute the features of every prompt, or "
+                            "set llamagen.t5.path to encode them")
+
+
+def check_authors_drafter(cfg: dict) -> None:
+    """The authors' drafter folder or file: its weights present, their keys and shapes those of a drafter for the
+    configured target (headers only)."""
+    from lantern.worlds.llamagen.convert import check_authors_drafter as check, read_hf
+
+    path = cfg["llamagen"]["authors_drafter"]
+    args = _target_args(cfg)  # a GPT already checked by validate_config
+    try:
+        theirs, config = read_hf(path, shapes_only=True)
+        check(theirs, config, args)
+    except UserError as e:
+        raise _prefixed("llamagen.authors_drafter", e, "--src") from None
+
+
+def _count_class_images(root: Path, limit: int) -> int:
+    """Images under the class folders of `root`, counted up to `limit` (an ImageNet train folder holds 1.3 M)."""
+    from lantern.worlds.llamagen.images import IMAGE_SUFFIXES
+
+    n = 0
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        for _, _, names in os.walk(d):
+            n += sum(Path(name).suffix.lower() in IMAGE_SUFFIXES for name in names)
+            if n >= limit:
+                return n
+    return n
+
+
+def check_drafter_images(cfg: dict) -> None:
+    """Training a drafter: llamagen.drafter.images holds at least llamagen.drafter.n_images images."""
+    from lantern.worlds.llamagen.images import caption_items
+
+    d = cfg["llamagen"]["drafter"]
+    root, want = Path(d["images"]), d["n_images"]
+    if d["layout"] == "classes":
+        if not any(p.is_dir() for p in root.iterdir()):
+            raise UserError(f"config: llamagen.drafter.images = {root} has no class folders; layout classes expects "
+                            f"{root}/<class>/<image>")
+        have = _count_class_images(root, want)
+    else:
+        try:
+            have = len(caption_items(root)[0])
+        except UserError as e:
+            raise _prefixed("llamagen.drafter.images", e, "--images") from None
+    if have < want:
+        raise UserError(f"config: llamagen.drafter.n_images = {want} exceeds the {have} images in "
+                        f"llamagen.drafter.images {root}; lower llamagen.drafter.n_images to <= {have} or add images")
+
+
+def check_llamagen_inputs(cfg: dict) -> None:
+    """Every llamagen-world input file a job would read, after validate_config checked the GPT and VQ."""
+    from lantern.pipeline.config import drafter_source
+
+    lg = cfg["llamagen"]
+    if lg["model_type"] == "t2i":
+        check_prompts_and_t5(cfg)
+    if not any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
+        return
+    source = drafter_source(cfg)
+    if source == "authors":
+        check_authors_drafter(cfg)
+    elif source == "train":
+        check_drafter_images(cfg)
