@@ -16,7 +16,8 @@ from lantern.engine.drafter import load_drafter
 from lantern.engine.generate import cfg_rows
 from lantern.engine.model import apply_rope
 from lantern.engine.sampling import SamplingParams
-from lantern.engine.trees import Draft, _block, accept_greedy
+from lantern.engine.batched_trees import greedy_paths
+from lantern.engine.trees import Draft, _block
 from lantern.worlds.llamagen.convert import main as convert
 from test_convert import authors_drafter, reference_logits, write_drafter_folder
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
@@ -77,6 +78,12 @@ def ours_greedy(P, draft, table, rule):
         if all(ok[j] for j in chain) and len(chain) > best:
             best, path = len(chain), chain
     return path, (P[path[-1] + 1] if path else P[0])
+
+
+def accept_greedy(P, draft, table, rule):
+    """greedy_paths for one tree (a batch of one): (accepted nodes, next distribution)."""
+    path, nxt = greedy_paths(P[None], [draft], table, rule)
+    return path[0][path[0] >= 0].tolist(), nxt[0]
 
 
 def four_node_case():
@@ -271,3 +278,25 @@ def test_pad_semantics_default_follows_the_drafter(tmp_path):
     assert resolve_pad_semantics("auto", str(tmp_path / "ours.pt")) == "upstream"
     assert resolve_pad_semantics("auto", None) == "upstream"
     assert resolve_pad_semantics("upstream", str(tmp_path / "theirs.pt")) == "upstream"
+
+
+def test_batched_greedy_follows_the_references_tree_by_tree():
+    """greedy_paths over a ragged batch of random trees (float64, padded to the largest) gives every tree the path
+    and next distribution of the pure references, under both tie-breaks and on static (sorted-row) trees too."""
+    torch.manual_seed(2)
+    g = torch.Generator().manual_seed(2)
+    for trial in range(60):
+        cases = [random_case(g, n=int(torch.randint(1, 12, (), generator=g))) for _ in range(5)]
+        table = cases[0][2]
+        leaf_order = trial % 3 != 0
+        drafts = [Draft(**{**d.__dict__, "leaf_order": leaf_order}) for _, d, _ in cases]
+        M = max(len(d.tokens) for d in drafts)
+        P = torch.stack([torch.cat([p, torch.full((M - len(d.tokens), p.shape[1]), 0.5)])
+                         for (p, _, _), d in zip(cases, drafts)]).double()
+        for residual in ("reference", "bounded"):
+            rule = AcceptRule("lantern", delta=0.5, k=3, residual=residual)
+            paths, nxt = greedy_paths(P, drafts, table, rule)
+            for i, d in enumerate(drafts):
+                ref = authors_greedy if residual == "reference" and leaf_order else ours_greedy
+                want, want_next = ref(P[i, : 1 + len(d.tokens)], d, table, rule)
+                assert paths[i][paths[i] >= 0].tolist() == want and torch.equal(nxt[i], want_next)

@@ -13,6 +13,7 @@ from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
 from lantern.engine.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
+from lantern.syncs import SyncCounter
 from test_batched import RULES, TABLE
 from tiny import assert_same_decodes, one_by_one, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 
@@ -132,3 +133,19 @@ def test_bad_calls(f64):
     with pytest.raises(UserError, match="beyond the vocabulary"):
         decode(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
                                      DynamicTree(top_k=17), gens(2))
+
+
+@pytest.mark.parametrize("tree", ["naive_extend_57", "dynamic"])
+@pytest.mark.parametrize("rule", ["exact", "lantern"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_tree_rounds_take_at_most_12_host_syncs(trained, tree, rule, greedy):
+    """Issue #27: a tree round of a batch of 8 costs at most 12 host syncs (lantern.syncs counts them on a CPU),
+    greedy and sampling: the acceptance of every image runs on the device at once, one read per round."""
+    target, drafter = trained
+    shape = static_tree(tree) if tree != "dynamic" else DynamicTree()
+    cond = torch.arange(8) % target.args.num_classes
+    with SyncCounter() as c:
+        _, stats = decode(target, drafter, cond, SamplingParams(cfg_scale=2.0, greedy=greedy), RULES[rule], shape,
+                          gens(8, 0), TABLE)
+    rounds = max(len(s.accepted_per_step) for s in stats)
+    assert c.total <= 12 * rounds, sorted(c.sites.items(), key=lambda kv: -kv[1])[:5]

@@ -1,20 +1,21 @@
 """The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: batched.py's ragged
 rows with the shapes of trees.py.
 
-Per image everything is trees.py's own code: the tree grows in the image's `growth` (a generator that asks for the
-drafter passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to
-the tokens the image has left, drawn ahead from its generator for all images in one copy), and the image's round
-is accepted by the tree's `accept` with its generator. What is batched are the forwards, over the images still
-decoding:
+Per image the tree is trees.py's own: it grows in the image's `growth` (a generator that asks for the drafter
+passes it needs, trees.TreePass, and draws from the image's uniforms: a static tree's children, cut to the tokens
+the image has left, drawn ahead from its generator for all images in one copy). Batched, over the images still
+decoding, are the forwards and the acceptance:
 1. draft: ONE drafter catch-up forward (DrafterRounds.catch_up), the root distributions of every image at once, then
    each round of growth steps: ONE drafter forward over the passes every still-growing image asks for (a static
    tree's level, a dynamic tree's expansion), each row at its own positions Q_b + pos, slots Q_b + node slots and
    tree mask over the slots from Q_b on, padded to the widest;
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
-3. accept and commit per image (the shape's `accept`); the accepted paths' target cache entries move into
-   consecutive slots in one per-row move (GPT.keep_rows), and the true hidden states of y and the accepted nodes
-   become the image's next catch-up inputs.
+3. accept every image's tree at once on the device (greedy: `greedy_paths`; sampling: `walk`, from each image's
+   uniforms; rules with their own verification sample with trees.accept_sampled image by image), one read per
+   round; the accepted paths' target cache entries move into consecutive slots in one per-row move
+   (GPT.keep_rows), and the true hidden states of y and the accepted nodes become the image's next catch-up
+   inputs.
 Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
 """
 
@@ -24,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, residual_rows, sibling_budget
+from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
 from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
-from lantern.engine.sampling import Uniforms, draw, pick
-from lantern.engine.trees import Draft, TreePass, _visible
+from lantern.engine.sampling import Uniforms, draw
+from lantern.engine.trees import Draft, TreePass, _visible, accept_sampled
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -132,36 +133,48 @@ class TreeRounds(DrafterRounds):
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
-        Sampling under a rule of acceptance.py: every image's walk on the device at once (`walk`), one read per
-        round. Greedy, and rules with their own verification: the shape's `accept` image by image."""
-        if self.params.greedy or self.rule.impl is not None:
-            return self.commit_each(images, logits, hidden)
+        Every image's acceptance on the device at once, one read per round: greedy (`greedy_paths`) and sampling
+        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification (rule.impl):
+        trees.accept_sampled image by image, then the same commit."""
+        greedy, walking = self.params.greedy, not self.params.greedy and self.rule.impl is None
         device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
+        used = torch.zeros(n, dtype=torch.long, device=device)  # each image's acceptance uniforms
         drafts = [im.draft for im in images]
-        M, D = max(len(d.tokens) for d in drafts), max(d.drafter_passes for d in drafts) + 1
-        C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
+        M = max(len(d.tokens) for d in drafts)
+        D = max(d.drafter_passes for d in drafts) + 1 if walking else M  # the longest path
         pad = lambda t, value=0: F.pad(t, (0, M - len(t)), value=value)  # noqa: E731 - nodes [m] -> [M]
         X = torch.stack([pad(d.tokens) for d in drafts])
         depth = torch.stack([pad(d.depth) for d in drafts])
-        ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
-                          for d in drafts])
-        q = None  # deterministic drafts (a dynamic tree)
-        if drafts[0].q is not None:
-            rows_q = max(d.q.shape[0] for d in drafts)
-            q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
         static = drafts[0].children is not None  # a static shape's children are host lists, a dynamic tree's not
+        C = max(d.kids.shape[1] if d.children is None else max(map(len, d.children)) for d in drafts)
         kids = [c + [-1] * (C - len(c)) for d in drafts for c in d.children + [[]] * (M + 1 - len(d.children))] \
-            if static else []
-        q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))]
+            if static and walking else []
+        q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))] if walking else []
         done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
-        kids = kids.view(n, M + 1, C) if static else torch.stack(
-            [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
         P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
-        ahead = Uniforms([im.generator for im in images], D * C + 1, device)
-        path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table,
-                             self.rule, D)
+        if greedy:
+            path, p = greedy_paths(P, drafts, self.table, self.rule)
+            token = p.argmax(-1)
+        elif not walking:  # a rule with its own verification (rule.impl): accept_sampled image by image
+            accepted = [accept_sampled(P[i, : 1 + len(d.tokens)], d, self.table, self.rule, im.generator)
+                        for i, (im, d) in enumerate(zip(images, drafts))]
+            (path,) = to_device(device, [s for nodes, _ in accepted for s in nodes + [-1] * (M - len(nodes))])
+            path, p = path.view(n, M), torch.stack([p for _, p in accepted])
+            ahead = Uniforms([im.generator for im in images], 1, device)  # the next token's uniform
+            token = draw(p, ahead.u[:, 0])
+        else:
+            ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
+                              for d in drafts])
+            q = None  # deterministic drafts (a dynamic tree)
+            if drafts[0].q is not None:
+                rows_q = max(d.q.shape[0] for d in drafts)
+                q = torch.stack([F.pad(d.q, (0, 0, 0, rows_q - d.q.shape[0])) for d in drafts])
+            kids = kids.view(n, M + 1, C) if static else torch.stack(
+                [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
+            ahead = Uniforms([im.generator for im in images], D * C + 1, device)
+            path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table, self.rule, D)
+            token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
         a = (path >= 0).sum(-1)
-        token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
         seq = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])  # drafts, next
         read = torch.cat([torch.stack([a, used, depth.max(-1).values], 1), path, seq], 1).tolist()  # the one read
         emb, at = self.drafter.embed_tokens(seq), F.pad(path + 1, (1, 0))
@@ -182,38 +195,10 @@ class TreeRounds(DrafterRounds):
                 im.pend_emb = emb[i, : a_i + 1].expand(R, -1, -1)
                 im.pend_h = hidden[:, i, at[i, : a_i + 1]]
                 im.start, im.Q = im.Q, im.Q + a_i + 1
-        ahead.used(counts)
+        if not greedy:
+            ahead.used(counts)
         if moves:
             self.target.keep_rows(*to_device(device, *zip(*moves)))
-
-    def commit_each(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
-        """The shape's accept image by image (greedy; rules with their own verification)."""
-        device, params, B, N = self.device, self.params, self.B, self.N
-        n, R = len(images), images[0].pend_emb.shape[0]
-        rows, src, dst = [], [], []
-        for i, im in enumerate(images):
-            d, mine = im.draft, slice(i, None, n)
-            path, p = self.drafting.accept(logits[mine, : 1 + len(d.tokens)], d, params, len(im.tokens), self.table,
-                                           self.rule, im.generator)
-            a = len(path)
-            moved = [(s, j) for j, s in enumerate(path) if s != j]
-            for r in range(R):
-                rows += [im.index + r * B] * len(moved)
-                src += [im.Q + 1 + s for s, _ in moved]
-                dst += [im.Q + 1 + j for _, j in moved]
-            im.tokens += d.tokens[path].tolist()
-            im.n = len(im.tokens)
-            im.stats.accepted_per_step.append(a)
-            im.stats.tree_depth.append(d.max_depth)
-            if len(im.tokens) == N:  # the drafts completed the image: a bonus token would lie past its end
-                continue
-            im.tokens.append(pick(p, params, im.generator))
-            im.n += 1
-            im.pend_emb = self.drafter.embed_tokens(torch.tensor(im.tokens[-a - 1 :], device=device).expand(R, -1))
-            im.pend_h = hidden[mine, [0] + [j + 1 for j in path]]
-            im.start, im.Q = im.Q, im.Q + a + 1
-        if rows:
-            self.target.keep_rows(*(torch.tensor(x, device=device) for x in (rows, src, dst)))
 
 
 def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
@@ -263,3 +248,33 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
             path[:, step] = torch.where(alive, chosen, -1)
         node = torch.where(alive, chosen, node)
     return path, p, used
+
+
+def greedy_paths(P: Tensor, drafts: list[Draft], table: Tensor | None, rule: AcceptRule) -> tuple[Tensor, Tensor]:
+    """Greedy acceptance of n trees at once, on the device: P [n, 1 + M, V] the target over each image's [y, nodes]
+    (M the most nodes). Every node of every tree is tested in one call (acceptance.greedy_accept); a node reaches
+    its depth when its whole path passes. The accepted path ends on the deepest node that does. Relaxed rules can
+    pass several siblings, so equally deep paths tie. Ours: the first such node in node order (the higher-ranked
+    branch). Under rule.authors_ties on a leaf-ordered (dynamic) tree, the authors': the first leaf, in node order,
+    whose deepest accepted ancestor is that deep, cut at that depth (evaluate_posterior's argmax over retrieve
+    rows); the accepted length is the same, the emitted tokens can differ. Returns (the accepted nodes [n, M] from y
+    down, -1 past the path; the target distribution after them [n, V])."""
+    n, M = P.shape[0], P.shape[1] - 1
+    fill = lambda t: F.pad(t, (0, M - len(t)), value=-1)  # noqa: E731 - nodes [m] -> [M]
+    X, parent = (torch.stack([fill(t) for t in ts]) for ts in zip(*((d.tokens, d.parent) for d in drafts)))
+    depth = torch.stack([F.pad(d.depth, (0, M - len(d.tokens))) for d in drafts])
+    anc = torch.stack([F.pad(d.block[1:, 1:], (0, M - len(d.tokens)) * 2) for d in drafts])  # [n, M, M]: i's path
+    rows = torch.arange(n, device=P.device)[:, None]
+    ok = greedy_accept(P[rows, parent + 1], X.clamp(min=0), table, rule)
+    reach = torch.where((anc & ~ok[:, None, :]).any(-1), 0, depth)  # padding: depth 0, on no path
+    best = reach.argmax(-1)  # the first deepest: ties go to the higher-ranked branch
+    top = reach.gather(1, best[:, None])  # [n, 1]
+    if rule.authors_ties and drafts[0].leaf_order:
+        leaf = anc.sum(1) == 1  # a node on no other node's path (its own row holds it once)
+        row_reach = torch.where(anc, reach[:, None, :], 0).amax(-1)  # a leaf's row: its deepest accepted ancestor
+        first = (leaf & (row_reach == top)).int().argmax(-1)
+        best = (anc[rows[:, 0], first] & (reach == top)).int().argmax(-1)
+    on = anc[rows[:, 0], best] & (top > 0)  # the path's nodes; parents precede children
+    node = torch.arange(M, device=P.device)
+    path = torch.where(on, node, M).sort(-1).values
+    return torch.where(path < M, path, -1), P[rows[:, 0], torch.where(top[:, 0] > 0, best + 1, 0)]

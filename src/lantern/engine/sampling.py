@@ -144,7 +144,3 @@ def next_tokens(probs: Tensor, params: SamplingParams, u: Tensor | None) -> Tens
         return probs.argmax(-1)
     return draw(probs, u)
 
-
-def pick(p: Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token from a 1-D distribution: argmax under greedy, else a draw with the image's generator."""
-    return int(p.argmax()) if params.greedy else sample_index(p, generator)

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, greedy_accept, verify_candidates
+from lantern.engine.acceptance import AcceptRule, verify_candidates
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw, row_probs
+from lantern.engine.sampling import SamplingParams, draw
 from lantern.errors import UserError
 
 # The authors' sparse trees draw each parent's children from its top TOPK = 10 (models/drafters/utils_c.py).
@@ -90,10 +90,6 @@ class Draft:
             self.children = [[c for c in row if c >= 0] for row in self.kids.tolist()]
         return self.children
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.depth.max())
-
 
 @dataclass
 class TreePass:
@@ -112,7 +108,7 @@ class TreePass:
 
 class TreeShape:
     """A draft tree's shape: `growth` is its own drafting, a generator of the drafter passes it needs (TreePass)
-    that returns the Draft, and `accept` verifies a round (batched_trees.TreeRounds runs both for a batch). A shape
+    that returns the Draft (batched_trees.TreeRounds runs it, and accepts the drafts, for a batch). A shape
     names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
     write)."""
 
@@ -120,14 +116,6 @@ class TreeShape:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
                             f"{target.args.vocab_size}")
-
-    def accept(self, logits: Tensor, draft: "Draft", params: SamplingParams, n_done: int, table: Tensor | None,
-               rule: AcceptRule, generator: torch.Generator) -> tuple[list[int], Tensor]:
-        depth = torch.cat([torch.zeros(1, dtype=torch.long, device=logits.device), draft.depth])
-        P = row_probs(logits, params, n_done + depth)
-        if params.greedy:
-            return accept_greedy(P, draft, table, rule)
-        return accept_sampled(P, draft, table, rule, generator)
 
 
 @dataclass
@@ -160,24 +148,36 @@ class StaticTree(TreeShape):
         for i, p in enumerate(parent):
             if p >= 0:
                 anc[i] |= anc[p]
-        t = lambda x, dtype=torch.long: torch.as_tensor(x, dtype=dtype).to(self.device)  # noqa: E731
-        self.parent, self.depths = t(parent), t([len(p) for p in paths])
-        self.anc, self.block = t(anc, torch.bool), t(_block(anc), torch.bool)
+        host: list[Tensor] = []  # every index tensor of the shape, sent to the device in one copy below
+
+        def t(x, dtype=torch.long) -> int:
+            host.append(torch.as_tensor(x, dtype=dtype))
+            return len(host) - 1
+
+        parent_t, depths_t, anc_t, block_t = t(parent), t([len(p) for p in paths]), t(anc, torch.bool), \
+            t(_block(anc), torch.bool)
         # runners: nodes that get children, in node order; their q rows are [y, runners of depth 1, 2, ..]
         runners = [[-1]] + [[i for i in range(self.n) if len(paths[i]) == d and self.children[i + 1]]
                             for d in range(1, self.depth)] + [[]]
         row_of = {r: j for j, r in enumerate(r for rs in runners for r in rs)}
         self.q_row = [row_of.get(i - 1, -1) for i in range(self.n + 1)]
-        self.levels = []
+        levels = []
         for d in range(self.depth):
             nodes = [i for i in range(self.n) if len(paths[i]) == d + 1]
             within = {r: j for j, r in enumerate(runners[d])}
             nxt = runners[d + 1]
-            self.levels.append(_Level(
+            levels.append(dict(
                 lo=nodes[0], hi=nodes[-1] + 1, width=max(paths[i][-1] for i in nodes) + 1,
                 parent_row=t([within[parent[i]] for i in nodes]), rank=t([paths[i][-1] for i in nodes]),
-                runners=t(nxt), runner_parent_row=t([within[parent[i]] for i in nxt]), runner_anc=t(anc[nxt], torch.bool),
+                runners=t(nxt), runner_parent_row=t([within[parent[i]] for i in nxt]),
+                runner_anc=t(anc[nxt], torch.bool),
             ))
+        flat = torch.cat([h.long().flatten() for h in host]).to(self.device)
+        dev = [f.view(h.shape) if h.dtype == torch.long else (f != 0).view(h.shape)
+               for f, h in zip(flat.split([h.numel() for h in host]), host)]
+        self.parent, self.depths, self.anc, self.block = (dev[i] for i in (parent_t, depths_t, anc_t, block_t))
+        self.levels = [_Level(**{k: dev[v] if k not in ("lo", "hi", "width") else v for k, v in lvl.items()})
+                       for lvl in levels]
         self._cut: dict[int, StaticTree] = {}
 
     def to(self, device) -> "StaticTree":
@@ -397,29 +397,6 @@ def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     visible[:, :Q] = True
     visible[:, Q : Q + block.shape[1]] = block
     return visible
-
-
-def accept_greedy(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule) -> tuple[list[int], Tensor]:
-    """(accepted nodes from y down, the target distribution after them): the deepest node whose path passes.
-
-    Relaxed rules can pass several siblings, so equally deep accepted paths tie. Ours: the first such node in node
-    order (the higher-ranked branch). Under rule.authors_ties on a leaf-ordered (dynamic) tree, the authors': the
-    first leaf, in node order, whose accepted prefix is that deep, cut at that depth (evaluate_posterior's argmax
-    over retrieve rows). The accepted length is the same; the emitted tokens can differ.
-    """
-    ok = greedy_accept(P[draft.parent + 1], draft.tokens, table, rule)
-    anc = draft.block[1:, 1:]
-    reach = torch.where((anc & ~ok).any(1), 0, draft.depth)
-    best = int(reach.argmax())  # the first deepest: ties go to the higher-ranked branch
-    depth = int(reach[best])
-    if depth == 0:
-        return [], P[0]
-    if rule.authors_ties and draft.leaf_order:
-        leaf = anc.sum(0) == 1  # a node on no other node's path (its own row holds it once)
-        row_reach = torch.where(anc, reach[None], 0).amax(1)  # a leaf's row: its deepest accepted ancestor
-        first = int((leaf & (row_reach == depth)).nonzero()[0])
-        best = int((anc[first] & (reach == depth)).nonzero()[0])
-    return anc[best].nonzero().flatten().tolist(), P[best + 1]
 
 
 def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule,
