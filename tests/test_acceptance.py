@@ -9,7 +9,7 @@ from lantern.engine.acceptance import (
     verify_candidates,
 )
 from lantern.errors import UserError
-from lantern.engine.sampling import sample_index
+from tiny import sample_index
 
 F64 = torch.float64
 

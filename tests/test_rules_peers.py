@@ -7,7 +7,7 @@ import torch
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
 from lantern.engine.methods import normalize, rule as build_rule
 from lantern.engine.peers import CoolRule, GroupRule
-from lantern.engine.sampling import sample_index
+from tiny import sample_index
 from lantern.errors import UserError
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
 

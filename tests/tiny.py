@@ -128,3 +128,15 @@ def one_by_one(target, drafter, cond, params, rule, drafting, generators, table=
     out = [decode_one(target, drafter, cond[i : i + 1], params, rule, drafting, g, table,
                       None if cond_mask is None else cond_mask[i : i + 1]) for i, g in enumerate(generators)]
     return torch.stack([t for t, _ in out]), [s for _, s in out]
+
+
+def sample_index(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """The reference for sampling.draw: an inverse-CDF draw from a 1-D distribution with one uniform from
+    `generator` (never a zero-mass index)."""
+    u = torch.rand((), generator=generator, dtype=torch.float64).item()
+    cdf = probs.detach().double().cumsum(0)
+    u *= cdf[-1].item()
+    idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64, device=cdf.device), right=True).item())
+    if idx >= probs.numel():  # u rounded onto the total mass
+        idx = int(torch.nonzero(probs > 0)[-1].item())
+    return idx

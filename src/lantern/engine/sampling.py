@@ -99,21 +99,10 @@ def row_probs(logits: Tensor, params: SamplingParams, index) -> Tensor:
     return logits_to_probs(mix_cfg(logits, params, index)[0], params)
 
 
-def sample_index(probs: Tensor, generator: torch.Generator) -> int:
-    """Inverse-CDF draw from a 1-D distribution with one uniform from `generator` (never a zero-mass index)."""
-    u = torch.rand((), generator=generator, dtype=torch.float64).item()
-    cdf = probs.detach().double().cumsum(0)
-    u *= cdf[-1].item()
-    idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64, device=cdf.device), right=True).item())
-    if idx >= probs.numel():  # u rounded onto the total mass
-        idx = int(torch.nonzero(probs > 0)[-1].item())
-    return idx
-
-
 def draw(probs: Tensor, u: Tensor) -> Tensor:
-    """`sample_index` for many rows at once, on the device and without a host sync: probs [..., V], u [...] uniforms
-    in [0, 1) (float64, drawn from each row's generator) -> indices [...]; the very index sample_index gives for the
-    same uniform."""
+    """Inverse-CDF draws for many rows at once, on the device and without a host sync: probs [..., V], u [...]
+    uniforms in [0, 1) (float64, drawn from each row's generator) -> indices [...]; never a zero-mass index (the
+    one-uniform-at-a-time reference is tests/tiny.sample_index)."""
     cdf = probs.detach().double().cumsum(-1)
     idx = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
     V = probs.shape[-1]
