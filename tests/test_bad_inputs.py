@@ -189,7 +189,9 @@ def file_configs(tmp: Path, lg: dict) -> list:
                                      "metrics": ok},
          r"llamagen\.gpt_ckpt: checkpoint .*drafter\.pt is a drafter, not a LlamaGen GPT; give it as llamagen\.drafter_ckpt"),
         ("llamagen-gpt-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "gpt_ckpt": str(tmp)}, "metrics": ok},
-         r"config: llamagen\.gpt_ckpt = .* is a folder, not a file; give the file itself"),
+         # a folder is what the authors' HF target is, so the line names what such a folder must hold
+         r"config: llamagen\.gpt_ckpt = .* is a folder without config\.json and model\.safetensors .*; give the "
+         r"authors' HF target folder or an upstream \.pt file"),
         ("llamagen-vq-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "vq_ckpt": str(tmp)}, "metrics": ok},
          r"config: llamagen\.vq_ckpt = .* is a folder, not a file"),
         ("llamagen-drafter-is-a-folder", {"world": "llamagen", "llamagen": {**lg, "drafter_ckpt": str(tmp)},
