@@ -3,7 +3,8 @@ import torch
 
 from lantern.errors import UserError
 from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator, image_seed, logits_to_probs, sample_index
+from lantern.engine.sampling import SamplingParams, image_generator, image_seed, logits_to_probs
+from tiny import sample_index
 from lantern.engine.model import GPT, ModelArgs
 
 

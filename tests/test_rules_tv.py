@@ -10,7 +10,7 @@ import torch
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
 from lantern.engine.methods import normalize, rule as build_rule
 from lantern.engine.retarget import RetargetRule, live_edges, neighbour_edges, retarget
-from lantern.engine.sampling import sample_index
+from tiny import sample_index
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
 from test_rules_peers import simulate
 
