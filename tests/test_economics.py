@@ -1,0 +1,28 @@
+"""lantern.metrics.economics: the ratio arithmetic, and the timing harness on a tiny target and drafter."""
+import pytest
+
+from lantern.engine.drafter import Drafter
+from lantern.metrics.economics import StepCosts, ratios, step_costs
+from tiny import tiny_target
+
+
+def test_ratios_divide_by_the_one_token_step():
+    c = StepCosts(batch=8, rows=16, positions=5, target_step_s=0.010, verify_s=0.012, drafter_step_s=0.0007)
+    r = ratios(c)
+    assert r["drafter_over_step"] == pytest.approx(0.07)
+    assert r["verify_over_step"] == pytest.approx(1.2)
+
+
+def test_ratios_refuse_a_zero_step():
+    with pytest.raises(ValueError, match="target step"):
+        ratios(StepCosts(batch=1, rows=2, positions=5, target_step_s=0.0, verify_s=1.0, drafter_step_s=1.0))
+
+
+@pytest.mark.parametrize("cfg, rows", [(True, 6), (False, 3)])
+def test_step_costs_time_every_call_and_leave_no_cache(cfg, rows):
+    target = tiny_target()
+    drafter = Drafter.from_target(target).eval()
+    c = step_costs(target, drafter, batch=3, cfg=cfg, positions=4, repeats=3, warmup=1)
+    assert (c.batch, c.rows, c.positions) == (3, rows, 4)
+    assert min(c.target_step_s, c.verify_s, c.drafter_step_s) > 0
+    assert target.layers[0].attention.kv_cache is None and drafter.layer.attention.kv_cache is None
