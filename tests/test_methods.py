@@ -8,7 +8,7 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule, relaxed_mass
-from lantern.engine.methods import K, RESIDUAL, Family, Param
+from lantern.engine.methods import K, RESIDUAL, Family, Param, expand, mode_points
 from lantern.engine.neighbours import main as neighbours
 from lantern.errors import UserError
 from lantern.pipeline.cli import main as cli
@@ -145,3 +145,9 @@ def test_a_new_rule_runs_through_a_sweep_point(half_registered, c2i_world, tmp_p
     assert row["name"] == "half" and row["share"] == 4.0 and row["k"] == 8
     summary = (tmp_path / "tables" / "summary.md").read_text()
     assert "Half-share" in summary and "σ=4" in summary
+
+
+def test_greedy_mode_runs_no_control_point():
+    points = expand([{"name": "vanilla"}, {"name": "exact", "drafting": "chain", "gamma": 4}], seed=0, control_seed=1)
+    assert "vanilla-control" in points and mode_points(points, "sampling") == points
+    assert list(mode_points(points, "greedy")) == [n for n in points if n != "vanilla-control"]

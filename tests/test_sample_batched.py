@@ -9,7 +9,7 @@ import pytest
 import lantern.pipeline.sample as sample_module
 from lantern.pipeline.config import shard_alignment, shard_ranges
 from lantern.pipeline.sample import aligned_batches, main as sample
-from lantern.pipeline.tables import sweep_table
+from lantern.pipeline.tables import speed_columns, sweep_table
 from tiny import one_thread, save_world, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,6 +93,11 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
     assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
     assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
+    # batch-1 latency, timed at every point, is the headline; the batched in-job ratio comes second
+    assert (sweep["speedup_kind"] == "in-job, batch 1").all()
+    assert row["speedup"] == row["speedup_b1_in_job"] and row["speedup"] != row["speedup_vs_in_job_vanilla"]
+    assert list(speed_columns(sweep)) == ["In-job speed-up (batch 1)", "In-job speed-up (batch 3)",
+                                          "Speed-up across jobs (batch 3)"]
 
 
 def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_path):

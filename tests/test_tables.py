@@ -252,8 +252,10 @@ def test_bad_inputs_are_one_line_user_errors(tmp_path):
 def test_headline_speedup_is_in_job_and_across_jobs_drift_is_flagged(built):
     sweep = pd.read_csv(built / "tables" / "sweep.csv").set_index(["mode", "point"])
     sampling, greedy = sweep.loc["sampling"], sweep.loc["greedy"]
-    assert (sampling["speedup_kind"] == "in-job").all() and (greedy["speedup_kind"] == "across jobs").all()
+    # generated at batch 1: the in-job ratio is the batch-1 latency ratio, the paper's headline
+    assert (sampling["speedup_kind"] == "in-job, batch 1").all() and (greedy["speedup_kind"] == "across jobs").all()
     assert np.allclose(sampling["speedup"], sampling["speedup_vs_in_job_vanilla"])
+    assert np.allclose(sampling["speedup"], sampling["speedup_b1_in_job"])
     assert np.allclose(greedy["speedup"], greedy["speedup_vs_vanilla"])
     assert sampling.loc["vanilla", "speedup"] == 1.0 and greedy["speedup_vs_in_job_vanilla"].isna().all()
     text = (built / "tables" / "summary.md").read_text()
@@ -279,3 +281,22 @@ def test_tolerance_and_band_params_are_checked(tmp_path):
         with pytest.raises(UserError, match="band_z .* must be > 0 and speed_tolerance"):
             main(["--shards", str(shards[0]), "--out", str(tmp_path / "t"), "--params", bad])
     assert not (tmp_path / "t").exists()
+
+
+def test_greedy_without_a_control_row_takes_its_band_from_the_bootstrap(tmp_path):
+    """The pipeline runs no control point in greedy mode (greedy ignores the seed): the table has no control row
+    there, still draws the noise band from the bootstrap SEs, and says so; sampling keeps its control check."""
+    shards, metrics = make_sweep(tmp_path)
+    def greedy_control(path):
+        return "greedy" in path.parts and (path.name == "vanilla-control.json" or "vanilla-control" in path.parts)
+
+    main(["--shards", *[str(s) for s in shards if not greedy_control(s)],
+          "--metrics", *[str(m) for m in metrics if not greedy_control(m)], "--out", str(tmp_path / "tables")])
+    sweep = pd.read_csv(tmp_path / "tables" / "sweep.csv")
+    assert set(sweep.loc[sweep["mode"] == "greedy", "point"]) == set(POINTS) - {"vanilla-control"}
+    assert sweep.loc[sweep["mode"] == "greedy", "speedup_across_jobs_drift"].isna().all()
+    text = (tmp_path / "tables" / "summary.md").read_text()
+    greedy, sampling = text.split("## greedy")[1].split("## sampling")[0], text.split("## sampling")[1]
+    assert "(control)" not in greedy and "Noise band (±2·√2·SE of vanilla): fid ±1.41" in greedy
+    assert "No control run in this mode" in greedy and "the band is the bootstrap's alone" in greedy
+    assert "No control run" not in sampling and "Check: the control AR run lies at z" in sampling

@@ -7,7 +7,7 @@ from pathlib import Path
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
                                      mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_source,
                                      target_spec, validate_config)
-from lantern.engine.methods import needs_drafter, needs_neighbours, relaxation_axes, speculative
+from lantern.engine.methods import mode_points, needs_drafter, needs_neighbours, relaxation_axes, speculative
 from lantern.errors import UserError
 
 
@@ -194,6 +194,15 @@ def proximity_outputs():
     if not PROXIMITY["enabled"]:
         return []
     return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
+
+
+def mode_shards(modes=MODES):
+    """Every generation folder of the given modes; greedy runs no control point (lantern.engine.methods.mode_points)."""
+    return [f"{OUT}/gen/{m}/{p}/shard{j}" for m in modes for p in sorted(mode_points(POINTS, m)) for j in SHARDS]
+
+
+def mode_metrics():
+    return [f"{OUT}/metrics/{m}/{p}.json" for m in MODES for p in sorted(mode_points(POINTS, m))]
 
 
 def proximity_token_shards():

@@ -22,7 +22,7 @@ rule figure:
 rule figure_samples:
     input:
         tables=rules.tables.output,
-        shards=lambda w: expand(f"{OUT}/gen/{w.mode}/{{point}}/shard{{j}}", point=sorted(POINTS), j=SHARDS),
+        shards=lambda w: mode_shards([w.mode]),
         style=STYLE,
     output:
         report(f"{OUT}/figures/samples_{{mode}}.png", category="Sample galleries", caption="../report/samples.rst",

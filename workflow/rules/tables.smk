@@ -5,8 +5,8 @@ TABLES = ["sweep.csv", "positions.csv", "depths.csv", "summary.md"]
 
 rule tables:
     input:
-        shards=expand(f"{OUT}/gen/{{mode}}/{{point}}/shard{{j}}", mode=MODES, point=sorted(POINTS), j=SHARDS),
-        metrics=expand(f"{OUT}/metrics/{{mode}}/{{point}}.json", mode=MODES, point=sorted(POINTS)),
+        shards=mode_shards(),
+        metrics=mode_metrics(),
     output:
         sweep=report(f"{OUT}/tables/sweep.csv", category="Tables", caption="../report/sweep.rst"),
         positions=f"{OUT}/tables/positions.csv",

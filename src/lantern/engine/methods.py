@@ -347,6 +347,15 @@ def expand(entries: list[dict], seed: int, control_seed: int | None = None, cont
     return points
 
 
+def mode_points(points: dict[str, dict], mode: str) -> dict[str, dict]:
+    """The points a decoding mode runs. Greedy decoding ignores the seed, so a control run (plain AR with another
+    seed) would repeat vanilla byte for byte and give a noise band of zero by construction: greedy runs none, and its
+    noise band comes from the bootstrap over images alone."""
+    if mode != "greedy":
+        return points
+    return {name: p for name, p in points.items() if not name.endswith("-control")}
+
+
 def _digest(obj) -> str:
     """8 hex digits naming a custom value (a tree's rank paths) in a point name."""
     return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:8]

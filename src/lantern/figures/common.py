@@ -29,7 +29,7 @@ def speed_label(df: pd.DataFrame) -> str:
     batch size when images were decoded in batches (a throughput ratio, not a latency one)."""
     kinds = sorted(df["speedup_kind"].dropna().unique()) if "speedup_kind" in df else []
     batches = sorted(int(b) for b in df["batch_size"].dropna().unique()) if "batch_size" in df else []
-    if batches and batches != [1]:
+    if batches and batches != [1] and not any("batch 1" in k for k in kinds):
         kinds.append("batch " + "/".join(map(str, batches)))
     return f"speed-up over AR (×, {', '.join(kinds)})" if kinds else "speed-up over AR (×)"
 
