@@ -18,7 +18,7 @@ from lantern.engine.checkpoint import read_checkpoint
 from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
 from lantern.io import save_torch
 from lantern.metrics import train_clip
-from lantern.metrics.proximity import RANDOM, replace
+from lantern.metrics.proximity import RANDOM, interchangeable_rank, replace
 from lantern.pipeline.cli import main as lantern
 
 RANKS = [0, 1, 3, RANDOM]
@@ -75,6 +75,8 @@ def test_cli_writes_the_table_and_the_strip(table):
     assert list(df["m"].unique()) == [str(m) for m in RANKS]
     assert df["fd_noise_halves"].nunique() == 1 and df["fd_noise_halves"].iloc[0] > 0
     assert (df["neighbour_metric"] == "l2").all() and (df["extractor"] == "toyclip").all()
+    m = interchangeable_rank(df)  # the table carries the rank that decides the k grid, read at fraction 0.25
+    assert df["interchangeable_m"].isna().all() if m is None else (df["interchangeable_m"] == m).all()
     # every numeric rank changes exactly round(f * 16) tokens per grid: neighbours never include the code itself
     for m in (1, 3, RANDOM):
         assert row(df, 0.5, m)["tokens_changed"] == pytest.approx(0.5)
@@ -198,3 +200,15 @@ def test_a_llamagen_run_plans_proximity_on_the_vanilla_samples(tmp_path):
                  "--world llamagen", "--out results/proximity/llamagen.csv"):
         assert part in command, (part, command)
     assert "lantern figure proximity" in r.stdout
+
+
+def test_interchangeable_rank_is_the_last_rank_before_the_noise_band_is_left():
+    def table(fds, noise=1.0, fraction=0.25):
+        rows = [{"fraction": fraction, "m": str(m), "fd": fd, "fd_noise_halves": noise} for m, fd in fds.items()]
+        return pd.DataFrame(rows + [{"fraction": 0.5, "m": "1", "fd": 9.0, "fd_noise_halves": noise}])
+
+    assert interchangeable_rank(table({0: 0.0, 1: 0.2, 5: 0.6, 20: 0.9, 50: 1.4, RANDOM: 5.0})) == 20
+    # a rank past the first miss never counts, even when its own shift happens to fall back under the band
+    assert interchangeable_rank(table({1: 0.2, 5: 1.2, 20: 0.9})) == 1
+    assert interchangeable_rank(table({1: 1.5, 5: 2.0})) is None
+    assert interchangeable_rank(table({1: 0.1}), fraction=0.1) is None  # the fraction was not measured

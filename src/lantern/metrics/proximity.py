@@ -57,6 +57,7 @@ class ProximityParams:
     batch: int = 64  # grids per VQ decode and feature batch
     strip_images: int = 8  # images in the PNG strip
     strip_fraction: float = 0.25  # fraction replaced in the strip
+    decide_fraction: float = 0.25  # fraction at which interchangeable_m is read (LANTERN's k is chosen from it)
 
     def __post_init__(self):
         if not self.fractions or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1
@@ -200,6 +201,21 @@ def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: Proxi
     return rows, rank, random_codes
 
 
+def interchangeable_rank(df: pd.DataFrame, fraction: float = 0.25) -> int | None:
+    """The largest measured neighbour rank m such that replacing `fraction` of the tokens by their m-th nearest
+    code, and by every nearer measured rank, keeps the FD shift under the noise reference (two halves of the
+    originals): how far LANTERN's k can reach before a relaxed code stops being interchangeable. None when even the
+    nearest measured rank leaves the noise band (or the fraction was not measured)."""
+    at = df[(df["fraction"] == fraction) & (df["m"].astype(str) != RANDOM)]
+    at = at.assign(rank=at["m"].astype(int)).sort_values("rank")
+    best = None
+    for _, row in at[at["rank"] > 0].iterrows():
+        if row["fd"] > row["fd_noise_halves"]:
+            break
+        best = int(row["rank"])
+    return best
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="lantern proximity", description=__doc__.split("\n")[0])
     ap.add_argument("--vq", required=True, help="VQ checkpoint that decodes the grids")
@@ -244,7 +260,11 @@ def main(argv: list[str]) -> None:
     lead = ["world", "fraction", "m", "fd", "fd_noise_halves", "feature_cosine", "psnr", "mae", "tokens_changed",
             "code_distance", "n_images"]
     df = df[lead + [c for c in df.columns if c not in lead]]
+    m = interchangeable_rank(df, p.decide_fraction)
+    df["interchangeable_m"] = m  # one value per table: it decides the sweep's k grid (config.yaml, docs/metrics.md)
     strip(vq, tokens, rank, table, random_codes, p, device, a.strip)
     with atomic_path(a.out) as tmp:
         df.to_csv(tmp, index=False)
+    print(f"largest m whose {p.decide_fraction:g} replacement keeps the FD shift under the noise reference: "
+          f"{m if m is not None else 'none (even the nearest measured rank leaves it)'}")
     print(f"wrote {a.out} ({len(df)} rows, {len(tokens)} images) and {a.strip}")
