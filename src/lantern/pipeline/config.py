@@ -549,4 +549,8 @@ def main(argv: list[str]) -> None:
         except ValueError as e:
             raise UserError(f"--config {' '.join(overrides)}: {e}") from None
     cfg = validate_config(merged)
-    print(f"config OK: {len(expand_methods(cfg))} sweep points x {len(cfg['sweep']['modes'])} modes", file=sys.stdout)
+    from lantern.engine.methods import mode_points
+
+    points = expand_methods(cfg)
+    per_mode = ", ".join(f"{len(mode_points(points, m))} {m}" for m in cfg["sweep"]["modes"])
+    print(f"config OK: sweep points per mode: {per_mode}", file=sys.stdout)
