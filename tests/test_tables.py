@@ -144,7 +144,7 @@ def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
     greedy, sampling = text.split("## greedy")[1].split("## sampling")
     assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
     header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
-    assert header.count("|") == rule.count("|") == 14
+    assert header.count("|") == rule.count("|") == 15
 
 
 def test_modes_side_by_side(built):
@@ -279,3 +279,23 @@ def test_tolerance_and_band_params_are_checked(tmp_path):
         with pytest.raises(UserError, match="band_z .* must be > 0 and speed_tolerance"):
             main(["--shards", str(shards[0]), "--out", str(tmp_path / "t"), "--params", bad])
     assert not (tmp_path / "t").exists()
+
+
+def test_class_accuracy_is_carried_with_its_noise_band(tmp_path, built):
+    """class_accuracy (+ its SE) from the metrics rows reaches sweep.csv, the z test against vanilla and summary.md;
+    a sweep without it (the llamagen world: no classifier) has an empty column and no error."""
+    shards, metrics = make_sweep(tmp_path)
+    for path in metrics:
+        values = json.loads(path.read_text())
+        drop = 0.3 if path.stem == "lantern-chain-g4-d0.4-k50" else 0.0
+        path.write_text(json.dumps({**values, "class_accuracy": 0.9 - drop, "class_accuracy_se": 0.02}))
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "tables")])
+    sweep = pd.read_csv(tmp_path / "tables" / "sweep.csv").set_index(["mode", "point"])
+    assert sweep.loc[("greedy", "lantern-chain-g4-d0.4-k50"), "class_accuracy"] == pytest.approx(0.6)
+    assert sweep.loc[("greedy", "lantern-chain-g4-d0.4-k50"), "class_accuracy_z"] == pytest.approx(-0.3 / (0.02 * 2 ** 0.5))
+    assert sweep.loc[("greedy", "exact-chain-g4"), "class_accuracy_z"] == pytest.approx(0.0)
+    greedy = (tmp_path / "tables" / "summary.md").read_text().split("## greedy")[1].split("## sampling")[0]
+    assert "| Class acc. ↑ |" in greedy and "| 0.600† |" in greedy and "| 0.900 |" in greedy
+    assert "class_accuracy ±0.057" in greedy
+    plain = pd.read_csv(built / "tables" / "sweep.csv")
+    assert plain["class_accuracy"].isna().all() and plain["class_accuracy_z"].isna().all()
