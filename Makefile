@@ -37,7 +37,7 @@ dag: setup
 
 # Retrain the toy world with the rules and ship its checkpoints into models/toy/ (with MANIFEST.json).
 ship-toy: setup
-	$(BIN)/snakemake --cores $(CORES) --config toy='{"checkpoints": "train"}' outdir=results/train --until train_drafter train_clip ambiguity
+	$(BIN)/snakemake --cores $(CORES) --config toy='{"checkpoints": "train"}' outdir=results/train --until train_drafter train_clip train_classifier ambiguity
 	$(BIN)/python workflow/scripts/ship_toy.py results/train models/toy
 
 # Copy the default run's trade-off figure and sample grid, shrunk, into docs/img/ for the README (after `make run`).

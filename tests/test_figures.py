@@ -126,3 +126,18 @@ def test_representative_points(sweep):
     assert picked == ["vanilla", "vanilla-control", "exact-chain-g4", "exact-dynamic", "lantern-chain-g4-d0.1-k50",
                       "lantern-chain-g4-d0.4-k50", "lanternpp-static-naive_extend_57-l2-k10"]
     assert set(picked) <= set(POINTS)
+
+
+def test_tradeoff_draws_class_accuracy_where_the_sweep_has_it(sweep, tmp_path):
+    """A sweep with class accuracy (the toy world) gets a third panel per mode; one without it (llamagen: no
+    classifier) keeps FID and CLIP score."""
+    from lantern.figures import Inputs
+    from lantern.figures.tradeoff import Params, plot
+
+    table = pd.read_csv(sweep / "tables" / "sweep.csv")
+    (tmp_path / "tables").mkdir()
+    table.assign(class_accuracy=0.9, class_accuracy_se=0.02).to_csv(tmp_path / "tables" / "sweep.csv", index=False)
+    with_classifier = plot(Inputs(tables=tmp_path / "tables"), Params())
+    without = plot(Inputs(tables=sweep / "tables"), Params())
+    assert [ax.get_xlabel() for ax in with_classifier.axes[:3]][-1] == "class accuracy (higher is better)"
+    assert len(with_classifier.axes) == 3 * 2 and len(without.axes) == 2 * 2

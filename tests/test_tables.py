@@ -144,7 +144,7 @@ def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
     greedy, sampling = text.split("## greedy")[1].split("## sampling")
     assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
     header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
-    assert header.count("|") == rule.count("|") == 14
+    assert header.count("|") == rule.count("|") == 15
 
 
 def test_modes_side_by_side(built):
@@ -287,6 +287,7 @@ def test_greedy_without_a_control_row_takes_its_band_from_the_bootstrap(tmp_path
     """The pipeline runs no control point in greedy mode (greedy ignores the seed): the table has no control row
     there, still draws the noise band from the bootstrap SEs, and says so; sampling keeps its control check."""
     shards, metrics = make_sweep(tmp_path)
+
     def greedy_control(path):
         return "greedy" in path.parts and (path.name == "vanilla-control.json" or "vanilla-control" in path.parts)
 
@@ -300,3 +301,23 @@ def test_greedy_without_a_control_row_takes_its_band_from_the_bootstrap(tmp_path
     assert "(control)" not in greedy and "Noise band (±2·√2·SE of vanilla): fid ±1.41" in greedy
     assert "No control run in this mode" in greedy and "the band is the bootstrap's alone" in greedy
     assert "No control run" not in sampling and "Check: the control AR run lies at z" in sampling
+
+
+def test_class_accuracy_is_carried_with_its_noise_band(tmp_path, built):
+    """class_accuracy (+ its SE) from the metrics rows reaches sweep.csv, the z test against vanilla and summary.md;
+    a sweep without it (the llamagen world: no classifier) has an empty column and no error."""
+    shards, metrics = make_sweep(tmp_path)
+    for path in metrics:
+        values = json.loads(path.read_text())
+        drop = 0.3 if path.stem == "lantern-chain-g4-d0.4-k50" else 0.0
+        path.write_text(json.dumps({**values, "class_accuracy": 0.9 - drop, "class_accuracy_se": 0.02}))
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "tables")])
+    sweep = pd.read_csv(tmp_path / "tables" / "sweep.csv").set_index(["mode", "point"])
+    assert sweep.loc[("greedy", "lantern-chain-g4-d0.4-k50"), "class_accuracy"] == pytest.approx(0.6)
+    assert sweep.loc[("greedy", "lantern-chain-g4-d0.4-k50"), "class_accuracy_z"] == pytest.approx(-0.3 / (0.02 * 2 ** 0.5))
+    assert sweep.loc[("greedy", "exact-chain-g4"), "class_accuracy_z"] == pytest.approx(0.0)
+    greedy = (tmp_path / "tables" / "summary.md").read_text().split("## greedy")[1].split("## sampling")[0]
+    assert "| Class acc. ↑ |" in greedy and "| 0.600† |" in greedy and "| 0.900 |" in greedy
+    assert "class_accuracy ±0.057" in greedy
+    plain = pd.read_csv(built / "tables" / "sweep.csv")
+    assert plain["class_accuracy"].isna().all() and plain["class_accuracy_z"].isna().all()

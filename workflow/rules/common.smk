@@ -133,6 +133,15 @@ def clip_ckpt():
     return toy_model("default", "clip") if config["metrics"]["clip_model"] == "toy" else config["metrics"]["clip_ckpt"]
 
 
+def classifier_ckpt():
+    """The class-accuracy classifier: the toy world's; none on llamagen (its columns stay absent)."""
+    return toy_model("default", "classifier") if TOY else ""
+
+
+def classifier_input():
+    return [classifier_ckpt()] if classifier_ckpt() else []
+
+
 def reference_images():
     return f"{OUT}/toy/default/data/val.pt" if TOY else config["metrics"]["reference"]
 

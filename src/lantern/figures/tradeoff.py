@@ -1,9 +1,10 @@
-"""Speed-up against quality (FID, CLIP score) for every method, Pareto front marked, AR noise band shaded.
+"""Speed-up against quality (FID, CLIP score, class accuracy) for every method, Pareto front marked, AR noise band shaded.
 
 The speed-up is the tables' headline (in-job when the sweep timed plain AR in every job). Each point carries a
 horizontal bar of ± band_z standard errors (bootstrap over its images); the shaded band is vanilla ± band_z·√2·SE,
 where a method with vanilla's distribution lands. Points carry a number (the same in every panel) resolved in the
-legend; the AR runs are stars.
+legend; the AR runs are stars. Class accuracy is drawn where the sweep has it (a world with a classifier: the toy
+world); elsewhere its panel is left out.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from lantern.figures.style import DRAFT_MARKERS, color, marker
 from lantern.pipeline.relative import SE_COLUMNS
 
 METRICS = {"fid": ("FID (lower is better)", False), "clip_score": ("CLIP score (higher is better)", True),
-           "precision": ("precision (higher is better)", True), "recall": ("recall (higher is better)", True)}
+           "precision": ("precision (higher is better)", True), "recall": ("recall (higher is better)", True),
+           "class_accuracy": ("class accuracy (higher is better)", True)}
+# metrics that a world may lack (no classifier on llamagen): a sweep.csv without the column has no such panel
+OPTIONAL = ("class_accuracy",)
 
 
 @dataclass
 class Params:
-    metrics: tuple[str, ...] = ("fid", "clip_score")
+    metrics: tuple[str, ...] = ("fid", "clip_score", "class_accuracy")
     band_z: float = 2.0  # standard errors in the bars and the band (the tables' band_z)
 
 
@@ -44,7 +48,10 @@ def plot(inputs, p: Params):
     bad = [m for m in p.metrics if m not in METRICS]
     if bad:
         raise UserError(f"tradeoff: unknown metric {bad[0]!r}; choose from {', '.join(METRICS)}")
-    df = read_sweep(inputs.tables, ["speedup", "speedup_kind", *p.metrics])
+    df = read_sweep(inputs.tables, ["speedup", "speedup_kind", *[m for m in p.metrics if m not in OPTIONAL]])
+    for m in OPTIONAL:
+        if m not in df:
+            df[m] = np.nan
     metrics = [m for m in p.metrics if df[m].notna().any()]
     if not metrics:
         raise UserError(f"tradeoff: sweep.csv has no values for {', '.join(p.metrics)}; run the metrics rules first")

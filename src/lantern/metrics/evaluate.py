@@ -5,6 +5,8 @@ alone) and CLIP score (open_clip) of each image against its caption (or its clas
 tables summarised (see speed.py). Every row records how its numbers were made: backends and versions, extractors and
 weights checksums for FID and for precision/recall, the reference's kind, checksum and size, N generated, resolution,
 resize filter and crop, CLIP model, weights checksum and format, caption source, prompt prefix, seed.
+Class accuracy (when a classifier is configured: the toy world's): the share of images that a classifier trained on
+real images (classifier.py) labels with the class they were conditioned on, with its binomial standard error.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured, sha256_file
 from lantern.metrics.captions import Captions, read_captions
+from lantern.metrics.classifier import ClassAccuracyParams, class_accuracy, labels_for, load_classifier, read_labels
 from lantern.metrics.clip import ClipScoreParams, Preprocess, clip_cosines, clip_score, load_clip, weights_format
 from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
 from lantern.metrics.images import ImageSet
@@ -34,6 +37,7 @@ from lantern.metrics.speed import read_stats, summarize
 class EvaluateParams:
     fidelity: FidelityParams = field(default_factory=FidelityParams)
     clip: ClipScoreParams = field(default_factory=ClipScoreParams)
+    classifier: ClassAccuracyParams = field(default_factory=ClassAccuracyParams)
 
 
 def _mean_sem(values: torch.Tensor) -> tuple[float, float]:
@@ -42,9 +46,17 @@ def _mean_sem(values: torch.Tensor) -> tuple[float, float]:
 
 
 def evaluate(images: ImageSet, reference: ImageSet | FidStatistics, p: EvaluateParams,
-             captions: Captions | None = None, stats: pd.DataFrame | None = None, verbose: bool = False) -> dict:
+             captions: Captions | None = None, stats: pd.DataFrame | None = None, verbose: bool = False,
+             labels: dict[int, int] | None = None) -> dict:
     row: dict = {}
-    clip = None
+    clip = classifier = None
+    if p.classifier.weights_path:  # checked before the long FID pass, like the CLIP
+        if labels is None:
+            raise UserError("class accuracy needs each image's label: pass --captions (the sample's stats.csv), or "
+                            "leave classifier.weights_path empty")
+        target = labels_for(images, labels)
+        classifier = load_classifier(p.classifier.weights_path, "cuda" if torch.cuda.is_available() else "cpu",
+                                     "classifier.weights_path")
     if p.clip.enabled:
         if captions is None:
             raise UserError("CLIP score needs captions: pass --captions (e.g. the sample's stats.csv), "
@@ -77,6 +89,11 @@ def evaluate(images: ImageSet, reference: ImageSet | FidStatistics, p: EvaluateP
             "caption_source": captions.source,
             "n_captioned": len(cosines),
         })
+    if classifier is not None:
+        row.update(class_accuracy(classifier, images, target, p.classifier.batch_size))
+        row.update({"classifier_weights_sha256": sha256_file(p.classifier.weights_path),
+                    "class_accuracy_convention": "share of images classified as their conditioning label; SE = "
+                                                 "sqrt(p (1 - p) / (n - 1)) (binomial, = SEM of the hits)"})
     if stats is not None:
         row.update({f"speed_{k}" if k in ("method", "mode") else k: v for k, v in summarize(stats).items()})
     row["images"] = images.source
@@ -97,11 +114,12 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--reference", required=True, help="reference: an image folder (subfolders included), a "
                     "`lantern make-data` file, or an .npz of FID statistics (mu, sigma; then FID only)")
     ap.add_argument("--captions", nargs="*", default=[], help="CSV(s) with image_index and caption and/or label "
-                    "(a `lantern sample` stats.csv works; labels are named by clip.class_names)")
+                    "(a `lantern sample` stats.csv works; labels are named by clip.class_names, and are the classes "
+                    "class accuracy checks)")
     ap.add_argument("--stats", nargs="*", default=[], help="`lantern sample` stats.csv file(s) for speed columns")
     ap.add_argument("--out", required=True, help="metrics row: .json or .csv")
-    ap.add_argument("--params", default=None, help="EvaluateParams {fidelity: {...}, clip: {...}} as inline "
-                    "JSON/YAML or a file path")
+    ap.add_argument("--params", default=None, help="EvaluateParams {fidelity: {...}, clip: {...}, classifier: {...}} as "
+                    "inline JSON/YAML or a file path")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -114,8 +132,9 @@ def main(argv: list[str]) -> None:
     reference = load_reference(a.reference)
     captions = read_captions(a.captions, p.clip.class_names) if a.captions else None
     stats = read_stats(a.stats) if a.stats else None
-    row = evaluate(images, reference, p, captions, stats, verbose=a.verbose)
+    labels = read_labels(a.captions) if a.captions and p.classifier.weights_path else None
+    row = evaluate(images, reference, p, captions, stats, verbose=a.verbose, labels=labels)
     write_row(row, a.out)
     shown = {k: row[k] for k in ("fid", "kid_mean", "precision", "recall", "clip_score", "clip_cosine",
-                                 "tau_incl_bonus") if row.get(k) is not None}
+                                 "class_accuracy", "tau_incl_bonus") if row.get(k) is not None}
     print(f"{a.out}: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items()))

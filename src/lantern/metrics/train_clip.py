@@ -23,7 +23,7 @@ import torch
 from open_clip.loss import ClipLoss
 from tqdm import tqdm
 
-from lantern.worlds.toy.data import load_data, to_unit
+from lantern.worlds.toy.data import load_data, reconstruct
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured, save_torch, write_json
 from lantern.metrics.clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
@@ -95,16 +95,6 @@ def build(cfg: dict, name: str):
         path.write_text(json.dumps(cfg))
         open_clip.add_model_config(path)
     return open_clip.create_model(name), open_clip.get_tokenizer(name)
-
-
-@torch.no_grad()
-def reconstruct(vq, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
-    """uint8 images -> uint8 VQ reconstructions (encode to codes, decode), as generated images are made."""
-    out = []
-    for lo in range(0, len(images), batch):
-        x = vq.decode_code(vq.encode(to_unit(images[lo : lo + batch])))
-        out.append(((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8))
-    return torch.cat(out)
 
 
 @torch.no_grad()

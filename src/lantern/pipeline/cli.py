@@ -24,6 +24,7 @@ COMMANDS = {
     "encode-images": "lantern.worlds.llamagen.images",
     "convert": "lantern.worlds.llamagen.convert",
     "train-clip": "lantern.metrics.train_clip",
+    "train-classifier": "lantern.metrics.train_classifier",
     "evaluate": "lantern.metrics.evaluate",
     "speed": "lantern.metrics.speed",
     "tables": "lantern.pipeline.tables",

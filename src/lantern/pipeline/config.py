@@ -484,9 +484,10 @@ def mode_shard_ranges(sweep: dict, mode: str) -> list[tuple[int, int]]:
     return [(lo, lo + c) for (lo, _), c in zip(base, counts)]
 
 
-def evaluate_params(cfg: dict, clip_weights: str) -> dict:
+def evaluate_params(cfg: dict, clip_weights: str, classifier_weights: str = "") -> dict:
     """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall, the evaluation
-    resize, and the CLIP model, `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt)."""
+    resize, and the CLIP model, `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt);
+    with `classifier_weights` (the toy world's classifier) also class accuracy."""
     m = cfg["metrics"]
     toy_clip = m["clip_model"] == "toy"
     if m["fid_extractor"] == "clip":
@@ -498,7 +499,8 @@ def evaluate_params(cfg: dict, clip_weights: str) -> dict:
                     bootstrap_chunk=m["bootstrap_chunk"])
     clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
             "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
-    return {"fidelity": fidelity, "clip": clip}
+    classifier = {"classifier": {"weights_path": classifier_weights}} if classifier_weights else {}
+    return {"fidelity": fidelity, "clip": clip, **classifier}
 
 
 def merge_config(base: dict, over: dict) -> dict:

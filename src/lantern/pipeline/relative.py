@@ -9,7 +9,7 @@ vanilla control run measures how far it can be trusted: when the control's acros
 a tolerance, the mode's across-jobs numbers are flagged.
 
 Quality. Each metric's standard error comes from `lantern evaluate`'s bootstrap over the generated images
-(fid_se, precision_se, recall_se; the CLIP score's per-image SEM). A method differs from vanilla beyond noise when
+(fid_se, precision_se, recall_se; the CLIP score's per-image SEM; class accuracy's binomial SE). A method differs from vanilla beyond noise when
 |value - vanilla| > band_z * sqrt(se^2 + se_vanilla^2): `{metric}_z` holds that ratio's numerator over the root.
 """
 
@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 # quality column -> its standard-error column
-SE_COLUMNS = {"fid": "fid_se", "precision": "precision_se", "recall": "recall_se", "clip_score": "clip_score_sem"}
+SE_COLUMNS = {"fid": "fid_se", "precision": "precision_se", "recall": "recall_se", "clip_score": "clip_score_sem",
+              "class_accuracy": "class_accuracy_se"}
 
 
 def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.DataFrame:

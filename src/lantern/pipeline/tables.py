@@ -28,7 +28,7 @@ from lantern.io import atomic_path, read_csv, read_structured
 from lantern.metrics.speed import in_job_speedup
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
-QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine"]
+QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "class_accuracy"]
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
 LIST_COLUMNS = ["accepted_per_step", "tree_depth", "tokens"]
@@ -40,7 +40,7 @@ class TableParams:
     tau_digits: int = 2  # decimals printed in summary.md
     score_digits: int = 2  # CLIP score
     distance_figures: int = 3  # significant figures of FID and KID (a CLIP-feature FD is ~0.05, Inception FID ~5)
-    fraction_digits: int = 3  # precision, recall
+    fraction_digits: int = 3  # precision, recall, class accuracy
     band_z: float = 2.0  # a quality difference to vanilla beyond band_z standard errors is marked as real
     speed_tolerance: float = 0.1  # across-jobs speed-ups are flagged when AR vs its control differ by more
 
@@ -295,17 +295,18 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
              "across-jobs speed-up = per-image time of the vanilla point / of the "
              "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
              f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
-             "the difference (bootstrap over the generated images; CLIP: per-image SEM); unmarked differences are "
-             "within noise.", ""]
+             "the difference (bootstrap over the generated images; CLIP: per-image SEM; class accuracy: binomial); "
+             "unmarked differences are within noise.", ""]
     digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
               "clip_cosine": (p.fraction_digits + 1, False), "precision": (p.fraction_digits, False),
-              "recall": (p.fraction_digits, False), "kid_mean": (p.distance_figures, True)}
+              "recall": (p.fraction_digits, False), "kid_mean": (p.distance_figures, True),
+              "class_accuracy": (p.fraction_digits, False)}
     for mode, part in sweep.groupby("mode", sort=False):
         speed = speed_columns(part)
         lines += [f"## {mode}", "",
                   "| Method | Setting | τ (incl. bonus) | " + " | ".join(speed) +
-                  " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Images |",
-                  "|" + "|".join(["---"] * 2 + ["---:"] * (9 + len(speed))) + "|"]
+                  " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Class acc. ↑ | Images |",
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (10 + len(speed))) + "|"]
         for _, r in part.iterrows():
             beyond = beyond_band(r, p.band_z)
             quality = " | ".join(_fmt(r[c], d, significant=sig) + "†" * (c in beyond) for c, (d, sig) in digits.items())

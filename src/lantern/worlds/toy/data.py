@@ -212,6 +212,17 @@ def to_unit(images: torch.Tensor) -> torch.Tensor:
     return images.float() / 127.5 - 1
 
 
+@torch.no_grad()
+def reconstruct(vq, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """uint8 images -> uint8 VQ reconstructions (encode to codes, decode), as generated images are made (the toy
+    CLIP and classifier train on them too)."""
+    out = []
+    for lo in range(0, len(images), batch):
+        x = vq.decode_code(vq.encode(to_unit(images[lo : lo + batch])))
+        out.append(((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8))
+    return torch.cat(out)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="lantern make-data", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output torch file: images uint8 [n,3,H,W], labels, captions")
