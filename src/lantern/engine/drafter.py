@@ -24,8 +24,8 @@ from torch import Tensor
 from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
-from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, precompute_rope_2d,
-                                  row_mask)
+from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
+                                  precompute_rope_2d, row_mask)
 
 FORMAT = DRAFTER_FORMAT
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
@@ -156,8 +156,7 @@ class Drafter(nn.Module):
         """Cached pass at drafter positions `pos` [S], written to cache `slots` [S] (default: the positions; tree
         nodes sharing a depth share a position but not a slot); visible [S, max_len] as in GPT."""
         slots = pos if slots is None else slots
-        own = torch.zeros_like(visible)
-        own[torch.arange(len(slots), device=slots.device), slots] = True
+        own = own_slots(slots, visible.shape[-1])
         mask = (visible[None, None] & self.key_valid[:, None, None, :]) | own[None, None]
         return self._run(emb, hidden, pos, mask, slots)
 

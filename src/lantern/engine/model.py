@@ -404,8 +404,7 @@ class GPT(nn.Module):
         visible [S, max_len] bool says which cache slots each query attends to (causal prefix, or prefix plus
         tree ancestors). A query always sees its own slot, so fully padded conditions never give NaN.
         """
-        own = torch.zeros_like(visible)
-        own[torch.arange(len(slots), device=x.device), slots] = True
+        own = own_slots(slots, visible.shape[-1])
         mask = (visible[None, None] & self.cache_key_valid[:, None, None, :]) | own[None, None]
         return self.run(x, pos, mask, slots)
 
@@ -451,6 +450,12 @@ def authors_prefill_mask(cond_mask: Tensor, k_len: int, dtype: torch.dtype) -> T
     if dtype == torch.float32:
         seen = seen | valid[:, None, :]
     return torch.where(padded_row, seen, mask)[:, None]
+
+
+def own_slots(slots: Tensor, max_len: int) -> Tensor:
+    """[S, max_len] bool: query j's own cache slot slots[j]. Built by comparison: an indexed assignment of a Python
+    True copies the scalar to the device and blocks, once per pass (found by CUDA's sync debug mode)."""
+    return torch.arange(max_len, device=slots.device) == slots[:, None]
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:

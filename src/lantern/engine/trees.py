@@ -321,7 +321,7 @@ class DynamicTree(TreeShape):
                 par = best // k
                 front, tok, score, hidden = offered + best, lt.flatten()[best], cs[best], hidden[:, par]
                 anc = anc[par]
-                anc[torch.arange(k, device=device), e * k + torch.arange(k, device=device)] = True
+                anc[:, e * k : (e + 1) * k] |= torch.eye(k, dtype=torch.bool, device=device)
             offered += k * k
         scores = torch.cat(c_score)
         n = min(self.total_tokens - 1, scores.numel())
