@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -115,6 +116,24 @@ def load_torch(path: str | os.PathLike, what: str, maker: str = "", mmap: bool =
         raise UserError(f"{what} {path} holds a {type(obj).__name__}, not a mapping of tensors{fix}")
     return obj
 
+
+
+def read_resume(path: Path | None, identity: dict, job: str) -> dict | None:
+    """A training job's resume checkpoint at `path` when it belongs to this run (its "identity" equals `identity`),
+    else None: a foreign or broken one is said on stderr and ignored, and training starts afresh and overwrites it."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = load_torch(path, f"{job} resume checkpoint")
+    except UserError as e:
+        print(f"{job}: ignoring {e}; starting afresh", file=sys.stderr, flush=True)
+        return None
+    if state.get("identity") != identity:
+        print(f"{job}: {path} is another run's checkpoint (other params, model or data); starting afresh",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"{job}: resuming from {path} at step {state['step']}", file=sys.stderr, flush=True)
+    return state
 
 def read_csv(path: str | os.PathLike, what: str, fix: str, **kw):
     """pandas.read_csv, where a file that is not a readable CSV (binary, not UTF-8, ragged rows, empty) is one

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from lantern.errors import UserError
 from lantern.params import params_from
-from lantern.io import load_torch, read_structured, save_torch
+from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT
 
 from lantern.engine.drafter import Drafter, save_drafter, target_states
@@ -139,24 +138,6 @@ def run_identity(target: GPT, tokens: Tensor, cond, params: DrafterParams) -> di
             "cond": digest(cond.where if isinstance(cond, CaptionRows) else cond)}
 
 
-def read_resume(path: Path | None, identity: dict) -> dict | None:
-    """The resume checkpoint at `path` when it belongs to this run, else None (a foreign or broken one is said and
-    ignored: training starts afresh and overwrites it)."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        state = load_torch(path, "drafter resume checkpoint")
-    except UserError as e:
-        print(f"train-drafter: ignoring {e}; starting afresh", file=sys.stderr, flush=True)
-        return None
-    if state.get("identity") != identity:
-        print(f"train-drafter: {path} is another run's checkpoint (other params, target or tokens); starting afresh",
-              file=sys.stderr, flush=True)
-        return None
-    print(f"train-drafter: resuming from {path} at step {state['step']}", file=sys.stderr, flush=True)
-    return state
-
-
 def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
                   cond_mask: Tensor | None = None, resume: str | Path | None = None) -> tuple[Drafter, dict]:
     """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels, caption features,
@@ -187,7 +168,7 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
 
     resume = Path(resume) if resume is not None and params.checkpoint_every else None
     identity = run_identity(target, tokens, cond, params) if resume is not None else None
-    state = read_resume(resume, identity)
+    state = read_resume(resume, identity, "train-drafter")
     history, step, start_epoch, start_b, perm, total = [], 0, 0, 0, None, 0.0
     if state is not None:
         drafter.load_state_dict(state["drafter"])

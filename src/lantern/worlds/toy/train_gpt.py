@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from tqdm import tqdm
 from lantern.engine.checkpoint import save_checkpoint
 from lantern.params import params_from
 from lantern.errors import UserError
-from lantern.io import load_torch, read_structured, write_json
+from lantern.io import load_torch, read_resume, read_structured, save_torch, write_json
 from lantern.engine.model import GPT, ModelArgs, num_params
 from lantern.worlds.toy.train_vq import cosine_lr, set_threads, sidecar
 
@@ -48,10 +50,17 @@ class GPTParams:
     eval_every: int = 250
     eval_batch: int = 256
     seed: int = 0
+    # optimizer steps between resume checkpoints (<out>.resume.pt, deleted once the target is written): a killed or
+    # retried job resumes there and ends with the weights of an uninterrupted run (same machine and thread count)
+    checkpoint_every: int = 500
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
             raise UserError(f"GPTParams steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise UserError(f"GPTParams checkpoint_every={self.checkpoint_every!r} must be an integer >= 0 "
+                            "(optimizer steps; 0: none)")
         if not 0 <= self.class_dropout_prob < 1:
             raise UserError(f"GPTParams class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
 
@@ -82,7 +91,17 @@ def validation_loss(model: GPT, tokens: torch.Tensor, labels: torch.Tensor, batc
     return total / tokens.numel()
 
 
-def train(params: GPTParams, train_set: dict, val_set: dict) -> tuple[GPT, dict]:
+def run_identity(params: GPTParams, train_set: dict, val_set: dict) -> dict:
+    """What a resume checkpoint must share with this run: the params that change the weights and the tokens."""
+    kept = {k: v for k, v in dataclasses.asdict(params).items() if k != "checkpoint_every"}
+    digest = lambda t: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()  # noqa: E731
+    return {"params": json.dumps(kept, sort_keys=True, default=str),
+            "data": [digest(d[k]) for d in (train_set, val_set) for k in ("tokens", "labels")]}
+
+
+def train(params: GPTParams, train_set: dict, val_set: dict, resume: Path | None = None) -> tuple[GPT, dict]:
+    """resume: a checkpoint written every params.checkpoint_every steps and read back by a rerun of the same params
+    and tokens, which then continues from it (model, optimizer, sampling generator, history)."""
     tokens, labels = train_set["tokens"], train_set["labels"]
     args = params.model_args(int(train_set["codebook_size"]), tokens.shape[1])
     torch.manual_seed(params.seed)
@@ -92,8 +111,16 @@ def train(params: GPTParams, train_set: dict, val_set: dict) -> tuple[GPT, dict]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": params.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=params.lr, betas=params.betas)
-    history, started = [], time.time()
-    bar = tqdm(range(params.steps), desc="train-gpt", mininterval=2.0)
+    history, started, first, spent = [], time.time(), 0, 0.0
+    resume = resume if params.checkpoint_every else None
+    identity = run_identity(params, train_set, val_set) if resume is not None else None
+    state = read_resume(resume, identity, "train-gpt")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        history, first, spent = state["history"], state["step"], state["seconds"]
+    bar = tqdm(range(first, params.steps), desc="train-gpt", initial=first, total=params.steps, mininterval=2.0)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, params.steps, params.lr, params.warmup_steps, params.min_lr_ratio)
@@ -111,10 +138,14 @@ def train(params: GPTParams, train_set: dict, val_set: dict) -> tuple[GPT, dict]
         if (step + 1) % params.eval_every == 0 or step + 1 == params.steps:
             val = validation_loss(model, val_set["tokens"], val_set["labels"], params.eval_batch)
             history.append({"step": step + 1, "train_loss": loss.item(), "val_loss": val,
-                            "seconds": time.time() - started})
+                            "seconds": spent + time.time() - started})
             tqdm.write(f"step {step + 1}: train loss {loss.item():.4f}, val loss {val:.4f}")
+        if resume is not None and (step + 1) % params.checkpoint_every == 0 and step + 1 < params.steps:
+            save_torch({"identity": identity, "step": step + 1, "model": model.state_dict(),
+                        "optimizer": opt.state_dict(), "generator": gen.get_state(), "history": history,
+                        "seconds": spent + time.time() - started}, resume)
     metrics = {"val_loss": history[-1]["val_loss"], "train_loss": history[-1]["train_loss"],
-               "val_perplexity": math.exp(history[-1]["val_loss"]), "train_seconds": time.time() - started,
+               "val_perplexity": math.exp(history[-1]["val_loss"]), "train_seconds": spent + time.time() - started,
                "params": num_params(model), "history": history}
     return model, metrics
 
@@ -136,10 +167,12 @@ def main(argv: list[str]) -> None:
     if top >= params.num_classes:
         raise UserError(f"labels go up to {top} but num_classes = {params.num_classes}; set num_classes: {top + 1}")
     set_threads(a.threads)
-    model, metrics = train(params, train_set, val_set)
+    resume = Path(f"{a.out}.resume.pt")
+    model, metrics = train(params, train_set, val_set, resume)
     save_checkpoint(a.out, model, args=model.args.to_dict())
     write_json(sidecar(a.out), {"kind": "gpt", "model_args": model.args.to_dict(),
                                 "params": dataclasses.asdict(params), "metrics": metrics,
                                 "tokens": str(a.tokens), "val": str(a.val), "threads": torch.get_num_threads()})
+    resume.unlink(missing_ok=True)  # the target is written: nothing left to resume
     print(f"GPT: {metrics['params'] / 1e6:.2f}M params, val loss {metrics['val_loss']:.4f} "
           f"(perplexity {metrics['val_perplexity']:.1f}), {metrics['train_seconds']:.0f} s -> {a.out}")
