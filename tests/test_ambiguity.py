@@ -93,3 +93,38 @@ def test_sample_grid_puts_vq_reconstructions_beside_the_samples(tmp_path):
     width, height = Image.open(tmp_path / "grid.png").size
     block = 4 * (32 + 1) + 1  # four 32-pixel images per row, 1-pixel padding
     assert height == 2 * (32 + 1) + 1 + 2 * 4 and width == 3 * block + 4 * 4  # three blocks, 4-pixel borders
+
+
+def test_classifier_reads_every_rows_decoded_images_with_their_labels(tmp_path):
+    """--classifier adds class_accuracy to each (source, CFG) row: a classifier that always says class 1 is right
+    on exactly the rows' images labelled 1 (samples cycle through the classes; the held-out labels are given)."""
+    import pandas as pd
+
+    from lantern.metrics import ambiguity
+    from lantern.metrics.classifier import ToyClassifier, save_classifier
+
+    torch.manual_seed(0)
+    args = VQParams().vq_args()
+    save_checkpoint(tmp_path / "vq.pt", VQModel(args).eval(), args=dataclasses.asdict(args))
+    gpt = GPT(ModelArgs(dim=32, n_layer=1, n_head=2, vocab_size=512, num_classes=2, image_tokens=64, multiple_of=32))
+    save_checkpoint(tmp_path / "target.pt", gpt.eval(), args=gpt.args.to_dict())
+    heldout_labels = torch.tensor([1, 1, 0, 1, 1, 1, 0, 1])  # 6 of 8 are class 1
+    torch.save({"tokens": torch.randint(0, 512, (8, 64)), "labels": heldout_labels, "codebook_size": 512},
+               tmp_path / "val_tokens.pt")
+    net = ToyClassifier(num_classes=2, width=2)
+    with torch.no_grad():
+        net.head.weight.zero_()
+        net.head.bias.copy_(torch.tensor([0.0, 1.0]))
+    save_classifier(net, tmp_path / "classifier.pt")
+    out = tmp_path / "ambiguity.csv"
+    argv = ["--target", str(tmp_path / "target.pt"), "--heldout", str(tmp_path / "val_tokens.pt"), "--out", str(out),
+            "--steps-out", str(tmp_path / "steps.csv"), "--vq", str(tmp_path / "vq.pt"),
+            "--params", '{"cfg_scales": [1.0, 2.0], "n_samples": 6, "n_heldout": 8, "batch": 4}']
+    ambiguity.main(argv + ["--classifier", str(tmp_path / "classifier.pt")])
+    rows = pd.read_csv(out).set_index(["source", "cfg_scale"])
+    assert rows.loc[("samples", 1.0), "class_accuracy"] == pytest.approx(0.5)  # labels 0 1 0 1 0 1
+    assert rows.loc[("samples", 2.0), "class_accuracy"] == pytest.approx(0.5)
+    assert rows.loc[("heldout", 1.0), "class_accuracy"] == pytest.approx(0.75)
+    assert rows.loc[("heldout", 1.0), "class_accuracy_se"] == pytest.approx(math.sqrt(0.75 * 0.25 / 7))
+    with pytest.raises(UserError, match="--vq"):
+        ambiguity.main(argv[:-4] + argv[-2:] + ["--classifier", str(tmp_path / "classifier.pt")])

@@ -321,3 +321,23 @@ def test_class_accuracy_is_carried_with_its_noise_band(tmp_path, built):
     assert "class_accuracy ±0.057" in greedy
     plain = pd.read_csv(built / "tables" / "sweep.csv")
     assert plain["class_accuracy"].isna().all() and plain["class_accuracy_z"].isna().all()
+
+
+def test_summary_ends_with_each_toy_worlds_ambiguity_and_class_accuracy(tmp_path):
+    shards, metrics = make_sweep(tmp_path, n_images=2)
+    rows = {"source": ["samples", "samples", "heldout"], "cfg_scale": [1.0, 2.0, 1.0], "images": [256, 256, 512],
+            "steps": [16384, 16384, 32768], "mean_top1": [0.21, 0.24, 0.2], "median_top1": [0.2, 0.2, 0.2],
+            "frac_top1_below_0.2": [0.6, 0.5, 0.55], "mean_entropy": [3.1, 2.9, 3.0]}
+    for world, extra in {"default": {"class_accuracy": [0.41, 0.86, 0.97], "class_accuracy_se": [0.03, 0.02, 0.01]},
+                         "clean": {}}.items():
+        (tmp_path / "toy" / world).mkdir(parents=True)
+        pd.DataFrame({**rows, **extra}).to_csv(tmp_path / "toy" / world / "ambiguity.csv", index=False)
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "tables"),
+          "--worlds", str(tmp_path / "toy" / "default" / "ambiguity.csv"), str(tmp_path / "toy" / "clean" / "ambiguity.csv")])
+    text = (tmp_path / "tables" / "summary.md").read_text()
+    section = text[text.index("## Toy worlds"):]
+    assert "| default | samples | 2 | 0.240 | 50% | 2.90 | 0.860 ± 0.020 | 256 |" in section
+    assert "| default | heldout | 1 | 0.200 | 55% | 3.00 | 0.970 ± 0.010 | 512 |" in section
+    assert "| clean | samples | 1 | 0.210 | 60% | 3.10 | — | 256 |" in section  # no classifier in that world
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "bare")])
+    assert "## Toy worlds" not in (tmp_path / "bare" / "summary.md").read_text()

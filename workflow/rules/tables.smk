@@ -7,6 +7,7 @@ rule tables:
     input:
         shards=mode_shards(),
         metrics=mode_metrics(),
+        worlds=expand(f"{OUT}/toy/{{world}}/ambiguity.csv", world=WORLDS) if TOY else [],
     output:
         sweep=report(f"{OUT}/tables/sweep.csv", category="Tables", caption="../report/sweep.rst"),
         positions=f"{OUT}/tables/positions.csv",
@@ -16,7 +17,9 @@ rule tables:
         f"{OUT}/logs/tables.log",
     params:
         folder=lambda w, output: Path(output.sweep).parent,
+        worlds=lambda w, input: " ".join(["--worlds"] + [shlex.quote(f) for f in input.worlds]) if TOY else "",
     conda:
         "../../environment.yml"
     shell:
-        "lantern tables --shards {input.shards:q} --metrics {input.metrics:q} --out {params.folder:q} > {log:q} 2>&1"
+        "lantern tables --shards {input.shards:q} --metrics {input.metrics:q} --out {params.folder:q} {params.worlds}"
+        " > {log:q} 2>&1"

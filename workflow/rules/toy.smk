@@ -43,6 +43,7 @@ rule ambiguity:
         vq=lambda w: toy_model(w.world, "vq"),
         heldout=f"{OUT}/toy/{{world}}/data/val_tokens.pt",
         val=f"{OUT}/toy/{{world}}/data/val.pt",
+        classifier=lambda w: classifier_input() if w.world == "default" else [],
     output:
         table=f"{OUT}/toy/{{world}}/ambiguity.csv",
         stats=f"{OUT}/toy/{{world}}/world_stats.json",
@@ -56,12 +57,15 @@ rule ambiguity:
     params:
         threads=lambda w, threads: threads_arg(threads),
         p=as_arg(config["toy"].get("ambiguity", {})),
+        # the class-accuracy classifier is the default world's (trained on its images and VQ)
+        classifier=lambda w: (f"--classifier {shlex.quote(classifier_ckpt())}"
+                              if w.world == "default" and classifier_ckpt() else ""),
     conda:
         "../../environment.yml"
     shell:
         "lantern ambiguity --target {input.target:q} --vq {input.vq:q} --heldout {input.heldout:q} --out {output.table:q}"
         " --steps-out {output.steps:q} --grid {output.grid:q} --stats-out {output.stats:q} --val-images {input.val:q}"
-        " --params {params.p} --threads {params.threads} > {log:q} 2>&1"
+        " {params.classifier} --params {params.p} --threads {params.threads} > {log:q} 2>&1"
 
 
 if TRAIN_TOY:

@@ -5,7 +5,9 @@ measured at every step of (a) the target's own samples and (b) held-out images, 
 made with the shared `generate`; their distributions are then recomputed in one teacher-forced pass, which equals
 the cached decoding path step by step. Writes a summary table (one row per source x CFG scale) and every step's
 top-1 probability and entropy, for distribution plots. With --stats-out it also records the world's model
-quality, measured here on the held-out split: VQ PSNR and codebook usage, and the target's validation loss.
+quality, measured here on the held-out split: VQ PSNR and codebook usage, and the target's validation loss. With
+--classifier, every row also says whether the images show their class: the classifier's accuracy on the decoded
+samples per CFG scale (does guidance make the class visible?) and on the held-out reconstructions (the VQ's ceiling).
 """
 
 from __future__ import annotations
@@ -77,9 +79,10 @@ def long_rows(source: str, cfg: float, top1: torch.Tensor, entropy: torch.Tensor
                          "top1": top1.flatten().numpy(), "entropy": entropy.flatten().numpy()})
 
 
-def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Summary rows, per-step rows and the generated tokens per CFG scale."""
-    summary, steps, samples = [], [], {}
+def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
+    """Summary rows, per-step rows, the generated tokens per CFG scale and the (tokens, labels) of every summary
+    row, keyed by (source, CFG scale)."""
+    summary, steps, samples, measured = [], [], {}, {}
     num_classes = model.args.num_classes
     for cfg in params.cfg_scales:
         sp = params.sampling(cfg)
@@ -101,11 +104,30 @@ def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame
                      for lo in range(0, len(tokens), params.batch)]
             top1, entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
             summary.append(summarise(source, cfg, top1, entropy))
+            measured[(source, cfg)] = (tokens, labels)
             steps.append(long_rows(source, cfg, top1, entropy, labels))
             print(f"{source:8s} cfg {cfg:g}: mean top-1 {summary[-1]['mean_top1']:.3f}, "
                   f"{summary[-1]['frac_top1_below_0.2']:.0%} of steps below {LOW_TOP1}, "
                   f"entropy {summary[-1]['mean_entropy']:.2f} nats")
-    return pd.DataFrame(summary), pd.concat(steps, ignore_index=True), samples
+    return pd.DataFrame(summary), pd.concat(steps, ignore_index=True), samples, measured
+
+
+@torch.no_grad()
+def class_rows(summary: pd.DataFrame, sources: dict, classifier_path: str, vq_path: str, batch: int) -> pd.DataFrame:
+    """The summary with class_accuracy (+ SE) of each (source, CFG scale) row's decoded images."""
+    from lantern.engine.vq import load_vq
+    from lantern.metrics.classifier import class_accuracy, load_classifier
+    from lantern.metrics.proximity import decode
+
+    net, vq = load_classifier(classifier_path, key="--classifier"), load_vq(vq_path)
+    rows = []
+    for row in summary.to_dict("records"):
+        tokens, labels = sources[(row["source"], row["cfg_scale"])]
+        acc = class_accuracy(net, decode(vq, tokens, batch, "cpu"), labels, batch)
+        rows.append({**row, "class_accuracy": acc["class_accuracy"], "class_accuracy_se": acc["class_accuracy_se"]})
+        print(f"{row['source']:8s} cfg {row['cfg_scale']:g}: class accuracy {acc['class_accuracy']:.3f} "
+              f"+- {acc['class_accuracy_se']:.3f} ({len(labels)} images)")
+    return pd.DataFrame(rows)
 
 
 @torch.no_grad()
@@ -152,19 +174,23 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--heldout", required=True, help="held-out tokens (`lantern tokenize` file)")
     ap.add_argument("--out", required=True, help="summary CSV: source, cfg_scale, mean_top1, frac_top1_below_0.2, ...")
     ap.add_argument("--steps-out", required=True, help="per-step CSV: source, cfg_scale, image, label, position, top1, entropy")
-    ap.add_argument("--vq", help="VQ checkpoint; with --grid, decode the samples into a PNG grid")
+    ap.add_argument("--vq", help="VQ checkpoint, to decode the samples for --grid and --classifier")
     ap.add_argument("--grid", help="PNG of the samples (a row per class, one block per CFG scale); needs --vq")
     ap.add_argument("--stats-out", help="JSON of model quality on the held-out split: target validation loss, "
                     "and with --val-images and --vq the VQ's PSNR and codebook usage")
     ap.add_argument("--val-images", help="held-out images (`lantern make-data` file) for the VQ's PSNR; needs --vq")
+    ap.add_argument("--classifier", help="`lantern train-classifier` checkpoint: class accuracy of every row's decoded "
+                    "images (samples per CFG scale, held-out reconstructions); needs --vq")
     ap.add_argument("--params", default=None, help="AmbiguityParams as inline JSON/YAML or a file path")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), AmbiguityParams)
-    if bool(a.grid) != bool(a.vq):
-        raise UserError("--grid and --vq go together: give both to draw the sample grid, or neither")
+    if a.grid and not a.vq:
+        raise UserError("--grid decodes the samples: give the world's --vq too")
     if a.val_images and not (a.vq and a.stats_out):
         raise UserError("--val-images measures the VQ for --stats-out: give --vq and --stats-out too")
+    if a.classifier and not a.vq:
+        raise UserError("--classifier reads decoded images: give the world's --vq too")
     if a.grid and not params.n_samples:
         raise UserError("--grid needs own samples: set n_samples > 0")
     heldout = load_tokens(a.heldout, "--heldout")
@@ -175,7 +201,13 @@ def main(argv: list[str]) -> None:
         raise UserError(f"--heldout has {heldout['tokens'].shape[1]} tokens per image, the target "
                         f"{model.args.image_tokens}; tokenize with the target's VQ")
     set_threads(a.threads)
-    summary, steps, samples = measure(model, params, heldout)
+    if a.classifier:
+        from lantern.metrics.classifier import load_classifier
+
+        load_classifier(a.classifier, key="--classifier")  # a bad file fails before the sampling, not after
+    summary, steps, samples, measured = measure(model, params, heldout)
+    if a.classifier:
+        summary = class_rows(summary, measured, a.classifier, a.vq, params.batch)
     with atomic_path(a.out) as tmp:
         summary.to_csv(tmp, index=False)
     with atomic_path(a.steps_out) as tmp:

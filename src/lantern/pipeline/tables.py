@@ -6,7 +6,7 @@ Outputs under --out:
   sweep.csv      one row per (mode, point): method spec, speed, acceptance, quality and protocol columns
   positions.csv  per (mode, point, token position): share of the tokens there that were accepted drafts
   depths.csv     per (mode, point, depth): how often a verification step accepted that many drafts
-  summary.md     the paper's table, per mode
+  summary.md     the paper's table, per mode (with --worlds, then each toy world's ambiguity and class accuracy)
 tau is the mean number of tokens emitted per target forward, the bonus/correction token counted
 (= sum n_tokens / sum target_forwards over the point's images; the prefill forward counts as one).
 """
@@ -395,6 +395,27 @@ def noise_lines(part: pd.DataFrame, digits: dict, p: TableParams) -> list[str]:
     return lines
 
 
+def world_lines(paths: list[Path], p: TableParams) -> list[str]:
+    """summary.md's toy-world section: per world, source and CFG scale, how flat the target's distributions are and
+    (where the world has a classifier) whether its images show their class: `lantern ambiguity`'s tables."""
+    lines = ["## Toy worlds", "",
+             "The target's sampling distribution at every step of its own samples and of teacher-forced held-out "
+             "images (`lantern ambiguity`): LANTERN's regime is a low top-1. Class accuracy: the classifier on the "
+             "decoded samples (does the target use its class, and does guidance help?) and on the held-out VQ "
+             "reconstructions (the most a sample can show), ± binomial SE.", "",
+             "| World | Source | CFG | Mean top-1 | Steps with top-1 < 0.2 | Entropy (nats) | Class acc. | Images |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for path in paths:
+        df = read_csv(path, "ambiguity table", "give `lantern ambiguity`'s --out file")
+        for _, r in df.iterrows():
+            acc = (f"{_fmt(r['class_accuracy'], p.fraction_digits)} ± {_fmt(r['class_accuracy_se'], p.fraction_digits)}"
+                   if "class_accuracy" in df.columns else "—")
+            lines.append(f"| {path.parent.name} | {r['source']} | {r['cfg_scale']:g} | "
+                         f"{_fmt(r['mean_top1'], p.fraction_digits)} | {r['frac_top1_below_0.2']:.0%} | "
+                         f"{r['mean_entropy']:.2f} | {acc} | {int(r['images'])} |")
+    return lines + [""]
+
+
 def write_csv(df: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False)
@@ -406,6 +427,8 @@ def parse_args(argv):
     ap.add_argument("--shards", nargs="+", required=True, help="shard folders <outdir>/gen/{mode}/{point}/shard{j}")
     ap.add_argument("--metrics", nargs="*", default=[], help="metrics files <outdir>/metrics/{mode}/{point}.json")
     ap.add_argument("--out", required=True, help="folder for sweep.csv, positions.csv, depths.csv, summary.md")
+    ap.add_argument("--worlds", nargs="*", default=[], help="toy worlds' ambiguity tables <outdir>/toy/{world}/"
+                    "ambiguity.csv, summarised at the end of summary.md")
     ap.add_argument("--params", default=None, help="TableParams overrides (JSON/YAML or file)")
     return ap.parse_args(argv)
 
@@ -424,5 +447,6 @@ def main(argv: list[str]) -> None:
     write_csv(positions, out / "positions.csv")
     write_csv(depths, out / "depths.csv")
     with atomic_path(out / "summary.md") as tmp:
-        tmp.write_text(summary_markdown(sweep, p))
+        worlds = world_lines([Path(w) for w in a.worlds], p) if a.worlds else []
+        tmp.write_text("\n".join([summary_markdown(sweep, p), *([""] + worlds if worlds else [])]))
     print(f"wrote {len(sweep)} sweep rows ({sweep['mode'].nunique()} modes) to {out}")
