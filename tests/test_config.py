@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.pipeline.config import data_params, expand_methods, mode_shard_ranges, target_params, validate_config
+from lantern.pipeline.config import data_params, expand_methods, mode_shard_ranges, target_params, validate_config, vq_params
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,9 @@ def test_clean_world_overrides_only_its_own_keys():
                                    "clean_target": {"steps": 600}}})
     assert target_params(cfg, "default") == {"steps": 4000, "dim": 96}
     assert target_params(cfg, "clean") == {"steps": 600, "dim": 96}
+    cfg["toy"].update(vq={"steps": 1500, "codebook_size": 2048}, clean_vq={"codebook_size": 512})
+    assert vq_params(cfg, "default") == {"steps": 1500, "codebook_size": 2048}
+    assert vq_params(cfg, "clean") == {"steps": 1500, "codebook_size": 512}
     assert data_params(cfg, "default") == {"noise_sigma": 0.08}
     assert data_params(cfg, "clean")["noise_sigma"] == 0.0
 

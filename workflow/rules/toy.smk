@@ -83,7 +83,7 @@ if TRAIN_TOY:
         threads: 1
         params:
             threads=lambda w, threads: threads_arg(threads),
-            p=as_arg(config["toy"]["vq"]),
+            p=lambda w: as_arg(vq_params(config, w.world)),
         conda:
             "../../environment.yml"
         shell:

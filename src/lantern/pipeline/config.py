@@ -446,6 +446,12 @@ def data_params(cfg: dict, world: str = "default") -> dict:
     return {**base, **CLEAN_WORLD} if world == "clean" else base
 
 
+def vq_params(cfg: dict, world: str = "default") -> dict:
+    """`lantern train-vq --params` of a toy world: toy.vq, with toy.clean_vq over it for the clean world."""
+    base = dict(cfg["toy"]["vq"])
+    return {**base, **cfg["toy"].get("clean_vq", {})} if world == "clean" else base
+
+
 def target_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world."""
     base = dict(cfg["toy"]["target"])
