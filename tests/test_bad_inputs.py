@@ -35,6 +35,9 @@ from llamagen_world import GPT_SIZE, write_authors_drafter, write_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy" / "default"
+# the default run's values that some messages quote (read, so that a new toy world or sweep size needs no edit here)
+N_IMAGES = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["sweep"]["n_images"]
+TOY_CODES = json.loads((TOY / "vq.json").read_text())["params"]["codebook_size"]
 HANG_GUARD_S = 3600  # only catches a hang; a slow or busy machine never reaches it
 
 
@@ -97,7 +100,8 @@ CONFIGS = [
     ("sampling-not-a-mapping", {"sampling": [1, 2]}, r"sampling = \[1, 2\] has the wrong type"),
     ("unknown-top-key", {"sweeps": {}}, r"unknown key sweeps"),
     ("unknown-nested-key", {"sweep": {"n_image": 3}}, r"unknown key sweep\.n_image"),
-    ("max-k-beyond-codebook", {"neighbours": {"max_k": 600}}, r"neighbours\.max_k = 600 exceeds the codebook"),
+    ("max-k-beyond-codebook", {"neighbours": {"max_k": TOY_CODES + 88}},
+     rf"neighbours\.max_k = {TOY_CODES + 88} exceeds the codebook"),
     ("device-unknown", {"device": "gpu"}, r"device"),
     ("seed-string", {"seed": "x"}, r"seed = 'x' has the wrong type"),
     ("bootstrap-one", {"metrics": {"bootstrap": 1}}, r"metrics\.bootstrap = 1 gives no spread"),
@@ -205,7 +209,7 @@ def file_configs(tmp: Path, lg: dict) -> list:
          r"llamagen\.drafter_ckpt: checkpoint .*c2i\.pt is a LlamaGen GPT, not a drafter; give it as llamagen\.gpt_ckpt"),
         ("llamagen-drafter-of-another-target", {"world": "llamagen", "llamagen": {
             **lg, "drafter_ckpt": str(TOY / "drafter.pt")}, "metrics": ok},
-         r"llamagen\.drafter_ckpt: drafter .*drafter\.pt was trained for a target with dim=128"),
+         r"llamagen\.drafter_ckpt: drafter .*drafter\.pt was trained for a target with (dim|vocab_size)="),
         ("llamagen-t2i-without-prompts", {"world": "llamagen", "llamagen": t2i}, r"a t2i run needs prompts"),
         ("llamagen-missing-prompts-file", {"world": "llamagen", "llamagen": {**t2i, "prompts": {"file": "/nope/p.csv"}}},
          r"llamagen\.prompts\.file = /nope/p\.csv does not exist"),
@@ -468,7 +472,7 @@ FILE_CASES = [
     ("vq-empty-file", lambda f, o: sample(o, **{"--vq": str(f / "empty.pt")}), r"empty\.pt is unreadable"),
     ("target-and-vq-disagree", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
         {"gpt_size": GPT_SIZE, "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
-     r"--target .*c2i_16384\.pt predicts 16384 codes, but --vq .*vq\.pt decodes 512"),
+     rf"--target .*c2i_16384\.pt predicts 16384 codes, but --vq .*vq\.pt decodes {TOY_CODES}"),
     ("target-spec-disagrees", lambda f, o: sample(o, **{"--target": str(f / "c2i_16384.pt"), "--target-spec": json.dumps(
         {"gpt_size": "GPT-B", "num_classes": 10}), "--method": '{"name": "vanilla"}'}),
      r"c2i_16384\.pt has 2 layers of width 64 .* set llamagen\.gpt_size"),
@@ -632,7 +636,7 @@ def inputs(tmp_path_factory, llamagen_files) -> dict:
     """Good inputs of both llamagen model types, which the cases below spoil one at a time: a t2i GPT, VQ-16 and
     VQ-8 files, prompt files (CSV, JSONL, COCO), T5 folders, the authors' drafter, drafter image folders."""
     root = tmp_path_factory.mktemp("inputs")
-    n = 200  # config.yaml's sweep.n_images
+    n = N_IMAGES  # config.yaml's sweep.n_images
     write_gpt(root / "t2i.pt", "t2i")
     f = {"root": root, "vq16": vq_file(root / "vq16.pt", 5), "vq8": vq_file(root / "vq8.pt", 4)}
     (root / "prompts.csv").write_text("id,caption\n" + "".join(f"{i},a picture number {i}\n" for i in range(n)))
@@ -707,18 +711,19 @@ INPUT_CASES = [
     ("t5-features-empty-folder", "t2i", lambda f: {"llamagen": {"t5": {"features": f["empty_folder"]}}},
      r"config: llamagen\.t5\.features = .*empty_folder is empty \(first: 0\.npy\)"),
     ("t5-features-one-missing", "t2i", lambda f: {"llamagen": {"t5": {"features": f["features_partial"]}}},
-     r"llamagen\.t5\.features = .*features_partial lacks 1 of the 200 prompts' files \(first: 199\.npy\)"),
+     rf"llamagen\.t5\.features = .*features_partial lacks 1 of the {N_IMAGES} prompts' files "
+     rf"\(first: {N_IMAGES - 1}\.npy\)"),
     ("prompts-csv-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.csv"]}}},
-     r"config: sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.csv holds \(10\); "
+     rf"config: sweep\.n_images = {N_IMAGES} asks for more prompts than llamagen\.prompts\.file .*ten\.csv holds \(10\); "
      r"lower sweep\.n_images to <= 10"),
     ("prompts-jsonl-too-few", "t2i", lambda f: {"llamagen": {"prompts": {"file": f["ten.jsonl"]}}},
-     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.file .*ten\.jsonl holds \(10\)"),
+     rf"sweep\.n_images = {N_IMAGES} asks for more prompts than llamagen\.prompts\.file .*ten\.jsonl holds \(10\)"),
     ("coco-without-annotations", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
                                                                            f["coco_no_annotations.json"]}}},
      r"config: llamagen\.prompts\.coco_captions .*coco_no_annotations\.json has no \"annotations\" list"),
     ("coco-too-few-images", "t2i", lambda f: {"llamagen": {"prompts": {"file": "", "coco_captions":
                                                                       f["coco_small.json"]}}},
-     r"sweep\.n_images = 200 asks for more prompts than llamagen\.prompts\.coco_captions .*coco_small\.json holds \(5\)"),
+     rf"sweep\.n_images = {N_IMAGES} asks for more prompts than llamagen\.prompts\.coco_captions .*coco_small\.json holds \(5\)"),
     ("authors-drafter-empty-folder", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["empty_folder"]}},
      r"config: llamagen\.authors_drafter: .*empty_folder holds none of model\.safetensors"),
     ("authors-drafter-config-only", "c2i-authors", lambda f: {"llamagen": {"authors_drafter": f["authors_config_only"]}},
