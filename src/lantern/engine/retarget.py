@@ -120,6 +120,14 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
         give = (give - out).clamp(min=0.0)
         take = (take - inn).clamp(min=0.0)
         budget = (budget - total * scale).clamp(min=0.0)
+        # an edge out of an emptied surplus, into a filled deficit or in a row whose budget is spent carries nothing
+        # in any later round (it adds exact zeros), so dropping it changes no number; the first round usually spends
+        # the whole budget, and the later rounds then run over few edges or none
+        live = ((give.index_select(0, src) > 0) & (take.index_select(0, dst) > 0)
+                & (budget.index_select(0, row) > 0)).nonzero().squeeze(1)
+        if len(live) == 0:
+            break
+        row, src, dst = row.index_select(0, live), src.index_select(0, live), dst.index_select(0, live)
     return ((p2.reshape(-1) - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
 
 
