@@ -8,7 +8,7 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.acceptance import AcceptRule, relaxed_mass
-from lantern.engine.methods import K, RESIDUAL, Family, Param, expand, mode_points
+from lantern.engine.methods import K, RESIDUAL, Family, Param, decoder_spec, expand, mode_points, shape_key
 from lantern.engine.neighbours import main as neighbours
 from lantern.errors import UserError
 from lantern.pipeline.cli import main as cli
@@ -151,3 +151,26 @@ def test_greedy_mode_runs_no_control_point():
     points = expand([{"name": "vanilla"}, {"name": "exact", "drafting": "chain", "gamma": 4}], seed=0, control_seed=1)
     assert "vanilla-control" in points and mode_points(points, "sampling") == points
     assert list(mode_points(points, "greedy")) == [n for n in points if n != "vanilla-control"]
+
+
+def test_an_entrys_modes_limit_its_points_to_those_modes_and_never_reach_the_decoder():
+    points = expand([{"name": "vanilla"}, {"name": "exact", "drafting": "chain", "gamma": 4},
+                     {"name": "lantern", "delta": [0.1, 0.2], "k": 4, "modes": ["sampling"]}], seed=0, control_seed=1)
+    relaxed = ["lantern-chain-g4-d0.1-k4", "lantern-chain-g4-d0.2-k4"]
+    assert all(points[n]["modes"] == ["sampling"] for n in relaxed)
+    assert set(relaxed) <= set(mode_points(points, "sampling"))
+    assert list(mode_points(points, "greedy")) == ["vanilla", "exact-chain-g4"]
+    assert decoder_spec(points[relaxed[0]]) == {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1,
+                                                 "k": 4, "residual": "bounded", "seed": 0}
+    assert shape_key(points[relaxed[0]]) == shape_key(points[relaxed[1]])  # still one delta curve
+    for bad in (["beam"], [], "sampling"):
+        with pytest.raises(UserError, match=r"sweep.methods\[0\].modes = .* must be a non-empty list of decoding modes"):
+            expand([{"name": "vanilla", "modes": bad}], seed=0)
+
+
+def test_config_refuses_a_vanilla_left_out_of_a_mode_that_runs_other_points():
+    with pytest.raises(UserError, match="vanilla's modes leave greedy out"):
+        points({"name": "vanilla", "modes": ["sampling"]}, {"name": "exact", "drafting": "chain"},
+               modes=["sampling", "greedy"])
+    assert list(points({"name": "vanilla", "modes": ["sampling"]}, modes=["sampling", "greedy"])) == [
+        "vanilla", "vanilla-control"]  # greedy then runs nothing: nothing to compare

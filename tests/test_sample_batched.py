@@ -100,6 +100,21 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
                                           "Speed-up across jobs (batch 3)"]
 
 
+def test_in_job_vanilla_every_prices_plain_ar_alone_on_one_latency_image_per_block(world, tmp_path):
+    root = tmp_path / "gen" / "sampling"
+    stats = draw(world, root / "exact-chain-g3" / "shard0", "--batch-size", "2", "--latency-images", "4",
+                 "--in-job-vanilla", "--in-job-vanilla-every", "2", end=6)
+    plain = [v != "" for v in stats["vanilla_latency_s"]]
+    assert plain == [sample_module.reference_batch(i, 1, 2) for i in range(4)] + [False, False]
+    assert plain[:2].count(True) == 1 and plain[2:4].count(True) == 1  # one of each block of two
+    assert (stats["latency_s"][:4] != "").all()  # the method alone on every latency image
+    row = sweep_table([root / "exact-chain-g3" / "shard0"], [])[0].iloc[0]
+    stats = pd.read_csv(root / "exact-chain-g3" / "shard0" / "stats.csv")
+    assert row["latency_b1_images"] == 4
+    assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].dropna().mean()
+                                                     / stats["latency_s"].dropna().mean())
+
+
 def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_path):
     """Plain AR is timed on one global batch (first image // B) of each pair, here batches 1 and 2: a shard starting
     mid-way agrees, the images are those of a run timing every batch, and the in-job speed-up pairs the timed batches

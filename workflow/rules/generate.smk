@@ -14,7 +14,7 @@ rule generate:
     threads: 1
     params:
         threads=lambda w, threads: threads_arg(threads),
-        method=lambda w: as_arg(POINTS[w.point]),
+        method=lambda w: as_arg(decoder_spec(POINTS[w.point])),
         seed=lambda w: POINTS[w.point]["seed"],
         start=lambda w: shard_range(w.shard, w.mode)[0],
         end=lambda w: shard_range(w.shard, w.mode)[1],

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from lantern.errors import UserError
 
+MODES = ("sampling", "greedy")  # decoding modes; a sweep entry may name some of them (`modes`), else it runs in all
 REQUIRED = object()  # a Param default: the spec must set it
 
 
@@ -301,6 +302,13 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
     return spec
 
 
+def _check_modes(value, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or any(m not in MODES for m in value):
+        raise UserError(f"{where} = {value!r} must be a non-empty list of decoding modes from {list(MODES)}, e.g. "
+                        "[sampling]; leave it out to run the point in every mode of sweep.modes")
+    return list(dict.fromkeys(value))
+
+
 def applicable(entry: dict) -> dict:
     """entry without the keys that do not apply to it (manifests of earlier versions carried config defaults such
     as gamma on a dynamic tree); what is left still goes through `normalize`."""
@@ -329,14 +337,20 @@ def _not_applicable(fam: Family, spec: dict, key: str, params: list[Param], wher
 def expand(entries: list[dict], seed: int, control_seed: int | None = None, context: dict | None = None,
            where: str = "sweep.methods") -> dict[str, dict]:
     """Sweep points as data: point name -> spec, each entry's list values expanded into a grid. `vanilla` also
-    adds `vanilla-control` (seed control_seed). Two entries that give one point the same name are an error."""
+    adds `vanilla-control` (seed control_seed). An entry's `modes` (a list of MODES) limits its points to those
+    decoding modes (mode_points; a point's `modes` key, which decoder_spec drops). Two entries that give one point
+    the same name are an error."""
     points: dict[str, dict] = {}
     origin: dict[str, int] = {}
     for i, entry in enumerate(entries):
+        modes = None
+        if isinstance(entry, dict) and "modes" in entry:  # where the point runs, not how it decodes
+            modes = _check_modes(entry["modes"], f"{where}[{i}].modes")
+            entry = {k: v for k, v in entry.items() if k != "modes"}
         spec = normalize(entry, f"{where}[{i}]", context, grid=True)
         axes = [k for k, v in spec.items() if isinstance(v, list) and k != "tree"]
         for values in itertools.product(*(spec[k] for k in axes)):
-            point = {**spec, **dict(zip(axes, values)), "seed": spec.get("seed", seed)}
+            point = {**spec, **dict(zip(axes, values)), "seed": spec.get("seed", seed)} | ({"modes": modes} if modes else {})
             named = [(point_name(point), point)]
             if not speculative(point) and control_seed is not None:
                 named.append((f"{point_name(point)}-control", {**point, "seed": control_seed}))
@@ -348,12 +362,12 @@ def expand(entries: list[dict], seed: int, control_seed: int | None = None, cont
 
 
 def mode_points(points: dict[str, dict], mode: str) -> dict[str, dict]:
-    """The points a decoding mode runs. Greedy decoding ignores the seed, so a control run (plain AR with another
-    seed) would repeat vanilla byte for byte and give a noise band of zero by construction: greedy runs none, and its
-    noise band comes from the bootstrap over images alone."""
-    if mode != "greedy":
-        return points
-    return {name: p for name, p in points.items() if not name.endswith("-control")}
+    """The points a decoding mode runs: those whose entry names no `modes`, or names this one. Greedy decoding
+    ignores the seed, so a control run (plain AR with another seed) would repeat vanilla byte for byte and give a
+    noise band of zero by construction: greedy runs none, and its noise band comes from the bootstrap over images
+    alone."""
+    return {name: p for name, p in points.items() if mode in p.get("modes", MODES)
+            and not (mode == "greedy" and name.endswith("-control"))}
 
 
 def _digest(obj) -> str:
@@ -462,7 +476,13 @@ def relaxation_axes(name: str) -> list[str]:
 
 def shape_key(spec: dict) -> tuple:
     """Points that differ only in their relaxation grid share a shape key."""
-    return tuple((k, json.dumps(v)) for k, v in spec.items() if k not in ("seed", *relaxation_axes(spec["name"])))
+    return tuple((k, json.dumps(v)) for k, v in spec.items()
+                 if k not in ("seed", "modes", *relaxation_axes(spec["name"])))
+
+
+def decoder_spec(point: dict) -> dict:
+    """A sweep point's spec as its generation job takes it: without the modes it runs in."""
+    return {k: v for k, v in point.items() if k != "modes"}
 
 
 def shape_label(spec: dict) -> str:

@@ -427,13 +427,19 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
 
 def expand_methods(cfg: dict) -> dict[str, dict]:
     """Sweep points as data: name -> method spec, list values of a method expanded into a grid."""
-    from lantern.engine.methods import expand
+    from lantern.engine.methods import expand, mode_points
 
     try:
-        return expand(cfg["sweep"]["methods"], cfg["seed"], cfg["sweep"]["control_seed"],
-                      {"max_k": cfg["neighbours"]["max_k"]})
+        points = expand(cfg["sweep"]["methods"], cfg["seed"], cfg["sweep"]["control_seed"],
+                        {"max_k": cfg["neighbours"]["max_k"]})
     except UserError as e:
         raise UserError(f"config: {e}") from None
+    for mode in cfg["sweep"]["modes"]:
+        running = mode_points(points, mode)
+        if "vanilla" in points and running and "vanilla" not in running:
+            raise UserError(f"config: sweep.methods runs points in {mode} mode but vanilla's modes leave {mode} out; "
+                            "every speed-up is relative to vanilla in its own mode, so drop vanilla's modes")
+    return points
 
 
 # The noise-free control world: the same shapes, no gradient, texture or pixel noise.

@@ -200,8 +200,10 @@ def drop_outside_range(partial: Path, start: int, end: int) -> None:
 
 
 def time_alone(decoder: Decoder, condition: Conditions, partial: Path, a, reference: bool) -> None:
-    """The first --latency-images images of the range decoded alone (batch 1), and with plain AR alone: their
-    latencies join the images' rows; the images themselves are the batch's."""
+    """The first --latency-images images of the range decoded alone (batch 1), and with plain AR alone (one image in
+    each block of --in-job-vanilla-every, drawn as for batches: plain AR's cost does not depend on the image, so a
+    subset prices it, and the method is timed on every image): their latencies join the images' rows; the images
+    themselves are the batch's."""
     for i in range(a.start, min(a.start + a.latency_images, a.end)):
         path = partial / "rows" / f"{i:06d}.json"
         row = json.loads(path.read_text())
@@ -209,7 +211,7 @@ def time_alone(decoder: Decoder, condition: Conditions, partial: Path, a, refere
             continue
         cond, cond_mask = condition([i])
         row["latency_s"] = decoder.run(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
-        if reference:
+        if reference and reference_batch(i, 1, a.in_job_vanilla_every):
             row["vanilla_latency_s"] = decoder.reference(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
         write_json(path, row)
 
@@ -287,7 +289,7 @@ def parse_args(argv):
                     help="with --in-job-vanilla: time plain AR on one batch in each block of N consecutive batches "
                          "(global batch index = first image // --batch-size; the offset in a block is drawn from the "
                          "block's index, so any shard agrees); the speed-up pairs those images' times with the "
-                         "method's")
+                         "method's. With --latency-images, also one image in each block of N of those decoded alone")
     return ap.parse_args(argv)
 
 

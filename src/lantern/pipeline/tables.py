@@ -190,7 +190,9 @@ def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
         alone, plain = stats.loc[timed, "latency_s"].to_numpy(float), stats.loc[timed].get("vanilla_latency_s")
     else:
         alone, plain = np.zeros(0), None
-    plain = plain.to_numpy(float) if plain is not None and plain.notna().all() and len(plain) else None
+    # plain AR alone runs on one image in each block of sweep.in_job_vanilla_every: its mean prices every image
+    plain = plain.dropna().to_numpy(float) if plain is not None else None
+    plain = plain if plain is not None and len(plain) else None
     return {"batch_size": batch, "latency_b1_images": len(alone),
             "latency_b1_s_per_image": alone.mean() if len(alone) else math.nan,
             "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan}
@@ -289,7 +291,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
              "In-job speed-up (batch 1), the headline as in the paper = plain AR's per-image latency / the method's, "
-             "both timed in the method's own job on the images also decoded alone (`sweep.latency_images`); "
+             "both timed in the method's own job on the images also decoded alone (`sweep.latency_images`; plain AR on "
+             "one in N of them, `sweep.in_job_vanilla_every`); "
              "in-job speed-up (batch B) = plain AR timed in the same job on the same batches (all, or one in N: "
              "`sweep.in_job_vanilla_every`) / the method, per-image times being batch wall time / B (throughput); "
              "across-jobs speed-up = per-image time of the vanilla point / of the "
