@@ -25,7 +25,7 @@ from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
 from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
-                                  precompute_rope_2d, row_mask)
+                                  precompute_rope_2d, row_mask, row_slots)
 
 FORMAT = DRAFTER_FORMAT
 TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
@@ -126,7 +126,7 @@ class Drafter(nn.Module):
     def _run(self, emb: Tensor, hidden: Tensor, pos: Tensor, mask: Tensor | None, slots: Tensor | None,
              rows: Tensor | None = None) -> Tensor:
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
-        return self.layer(x, self.rope[pos + 1], mask, slots, rows)
+        return self.layer(x, self.rope[pos + 1], mask, row_slots(slots, rows, self.layer.attention.kv_cache), rows)
 
     def forward(self, emb: Tensor, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
         """Uncached pass over drafter positions 0..S-1: emb [B, S, d] (target inputs at t + 1), hidden [B, S, d]
