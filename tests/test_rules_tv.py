@@ -61,6 +61,20 @@ def test_retarget_keeps_its_invariants(seed):
     assert overlap(pt, q) >= overlap(p, q)
 
 
+def test_batched_residuals_are_the_row_by_row_residuals():
+    g = torch.Generator().manual_seed(7)
+    V, k, n = 24, 3, 6
+    table = rand_table(g, V)
+    p = torch.stack([rand_dist(g, V) for _ in range(n)])
+    q = torch.stack([rand_dist(g, V, zeros=i % 3) for i in range(n)])
+    x = torch.stack([torch.multinomial(q[i], 1, generator=g)[0] for i in range(n)])
+    impl = RetargetRule(0.3, k)
+    rows = impl.residual_rows(p, q, x, table)
+    for i in range(n):
+        torch.testing.assert_close(rows[i], impl.residual(p[i], q[i], int(x[i]), 0, table), rtol=0, atol=1e-15)
+        assert rows[i][x[i]] == 0 and rows[i].sum().item() == pytest.approx(1.0, abs=1e-12)
+
+
 def test_retarget_spends_the_budget_or_the_capacity_by_hand():
     p = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=F64)
     q = torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=F64)

@@ -53,7 +53,8 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
     tried drafts' at columns tried_from[i] + j (default g[i]: after the drafts' own) and the next token's at
     tried_from[i] + tries. Returns (accepted lengths a [n],
     next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
-    but for rules with their own residual (rule.impl), which take it row by row."""
+    but for rules with their own residual and no batched one (rule.impl without residual_rows: Cool-SD, GSD),
+    which take it row by row."""
     n, G = X.shape
     j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
     tried_from = g if tried_from is None else tried_from
@@ -69,8 +70,10 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
         return a, p.argmax(-1)
     at = a.clamp(max=G - 1)  # the first rejected draft (a row that accepted all of them ignores it)
     rejected = a < g
-    if rule.impl is None:
-        res = residual_rows(P[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
+    if rule.impl is None or hasattr(rule.impl, "residual_rows"):
+        args = P[rows, at], q[rows, at], X[rows, at]
+        res = (residual_rows(*args, M[rows, at], table, rule) if rule.impl is None
+               else rule.impl.residual_rows(*args, table))
         p = torch.where(rejected[:, None], res, p)
     else:
         read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()
