@@ -101,7 +101,7 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     give, take = give.reshape(-1), take.reshape(-1)
     budget = torch.full((B,), float(delta), dtype=torch.float64, device=p.device)
     moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(give)
-    for _ in range(rounds):
+    for round_ in range(rounds):
         want = take.index_select(0, dst)  # each edge's sink deficit
         demand = torch.zeros_like(give).index_add_(0, src, want).index_select(0, src)  # around the edge's source
         # a source offers its surplus to its neighbouring sinks in proportion to their deficits: sum <= give
@@ -120,9 +120,12 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
         give = (give - out).clamp(min=0.0)
         take = (take - inn).clamp(min=0.0)
         budget = (budget - total * scale).clamp(min=0.0)
+        if round_ == rounds - 1:
+            break
         # an edge out of an emptied surplus, into a filled deficit or in a row whose budget is spent carries nothing
         # in any later round (it adds exact zeros), so dropping it changes no number; the first round usually spends
-        # the whole budget, and the later rounds then run over few edges or none
+        # the whole budget, and the later rounds then run over few edges or none (one read per round, as
+        # live_edges' nonzero already makes)
         live = ((give.index_select(0, src) > 0) & (take.index_select(0, dst) > 0)
                 & (budget.index_select(0, row) > 0)).nonzero().squeeze(1)
         if len(live) == 0:
