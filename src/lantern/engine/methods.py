@@ -350,7 +350,9 @@ def expand(entries: list[dict], seed: int, control_seed: int | None = None, cont
         spec = normalize(entry, f"{where}[{i}]", context, grid=True)
         axes = [k for k, v in spec.items() if isinstance(v, list) and k != "tree"]
         for values in itertools.product(*(spec[k] for k in axes)):
-            point = {**spec, **dict(zip(axes, values)), "seed": spec.get("seed", seed)} | ({"modes": modes} if modes else {})
+            point = {**spec, **dict(zip(axes, values)), "seed": spec.get("seed", seed)}
+            if modes:
+                point["modes"] = modes
             named = [(point_name(point), point)]
             if not speculative(point) and control_seed is not None:
                 named.append((f"{point_name(point)}-control", {**point, "seed": control_seed}))
