@@ -1,10 +1,14 @@
 """Drafter step / target step and verify / target step, at batch 1 and 8 under CFG, all in one process.
 
     python benchmarks/bench_economics.py [--world models/toy/default] [--sizes GPT-B GPT-XL] [--shape 16x96 ...]
+        [--rounds 16]
 
 Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 16 x 16 tokens, 16384 codes) and any
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
 the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step, as LlamaGen-XL's on a GPU.
+--rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
+(delta 0.2, k 100) and plain AR, image by image in turn, and prints what a round costs in one-token steps, split into
+drafting, verifying and the rest (lantern.metrics.economics.round_costs), against the tokens it yields (tau).
 """
 
 import argparse
@@ -15,7 +19,13 @@ import torch
 from lantern.engine.checkpoint import load_gpt, parse_device, parse_dtype
 from lantern.engine.drafter import Drafter, load_drafter
 from lantern.engine.model import GPT, ModelArgs, named_args, num_params
-from lantern.metrics.economics import ratios, step_costs
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.chain import Chain
+from lantern.engine.generate import generate
+from lantern.engine.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.speculative import decode
+from lantern.metrics.economics import ratios, round_costs, step_costs
 
 
 def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None:
@@ -26,6 +36,31 @@ def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None
         print(f"{name:<22} {a.n_layer:>3}x{a.dim:<5} {num_params(target) / 1e6:8.1f}M  batch {B}  "
               f"step {c.target_step_s * 1e3:8.2f} ms  drafter/step {r['drafter_over_step']:.3f}  "
               f"verify{positions}/step {r['verify_over_step']:.2f}", flush=True)
+
+
+def report_rounds(world: Path, target: GPT, drafter, n: int) -> None:
+    """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring)."""
+    table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
+    params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
+    decoders = {
+        "exact chain g4": lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(4), g, table)[1],
+        "LANTERN d0.2 k100": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.2, k=100),
+                                                 Chain(4), g, table)[1],
+        "plain AR": lambda c, g: generate(target, c, params, g)[1],
+    }
+    device = target.output.weight.device
+    rows: dict[str, list[dict]] = {name: [] for name in decoders}
+    for i in range(-1, n):  # image -1: an untimed warm-up
+        for name, run in decoders.items():
+            stats = run(torch.tensor([max(i, 0) % classes], device=device), [image_generator(0, max(i, 0))])
+            if i >= 0:
+                rows[name] += [s.row() for s in stats]
+    print(f"batch 1, CFG 2, sampling, {n} images each; a round in one-token steps of plain AR (same images, same process)")
+    for name in list(decoders)[:-1]:
+        r = round_costs(rows[name], rows["plain AR"])
+        print(f"{name:<18} round {r['round_steps']:.2f} steps = draft {r['draft_steps']:.2f} + verify "
+              f"{r['verify_steps']:.2f} + other {r['other_steps']:.2f}; tau {r['tau']:.2f}; speed-up {r['speedup']:.2f}x",
+              flush=True)
 
 
 def random_pair(args: ModelArgs, device, dtype) -> tuple[GPT, Drafter]:
@@ -45,7 +80,11 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     ap.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16")
+    ap.add_argument("--rounds", type=int, default=0, metavar="N",
+                    help="also decode the world's first N images at batch 1 and split a round's cost (0: skip)")
     a = ap.parse_args()
+    if a.rounds < 0 or (a.rounds and not a.world):
+        ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
     device, dtype = parse_device(a.device), parse_dtype(a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -58,6 +97,9 @@ def main():
         report(f"toy {world.name}", target, drafter, a.batch,
                a.positions, a.repeats)
         toy_args = target.args
+        if a.rounds:
+            with torch.inference_mode():
+                report_rounds(world, target, drafter, a.rounds)
     for size in a.sizes:
         report(f"{size} (random)", *random_pair(named_args(size, image_tokens=256, vocab_size=16384), device, dtype),
                a.batch,

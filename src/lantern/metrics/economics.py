@@ -85,3 +85,23 @@ def step_costs(target: GPT, drafter, batch: int, cfg: bool = True, positions: in
         drafter.clear_cache()
     return StepCosts(batch=batch, rows=rows, positions=positions,
                      **{k: statistics.median(v) for k, v in times.items()})
+
+
+def round_costs(spec_rows: list[dict], ar_rows: list[dict]) -> dict[str, float]:
+    """What a speculative decoder's round costs in one-token steps, from decoded images' stats rows (ImageStats.row)
+    of the method and of plain AR on the same images: per target forward (a round; the prefill counts as one), its
+    time spent drafting, verifying and on the rest (acceptance, sampling, bookkeeping), in units of plain AR's time
+    per forward; tau = tokens per forward. The round pays off when it costs fewer steps than the tokens it yields:
+    speedup (plain AR's total time over the method's) is about tau / round_steps."""
+    if not spec_rows or not ar_rows:
+        raise ValueError("round_costs needs the stats rows of at least one image of each decoder")
+    total = lambda rows, key: sum(float(r[key]) for r in rows)  # noqa: E731
+    step = total(ar_rows, "time_total_s") / total(ar_rows, "target_forwards")
+    if step <= 0:
+        raise ValueError(f"plain AR cannot take {step} s per forward")
+    forwards = total(spec_rows, "target_forwards")
+    out = {f"{part}_steps": total(spec_rows, f"time_{part}_s") / forwards / step for part in ("draft", "verify", "other")}
+    out["round_steps"] = total(spec_rows, "time_total_s") / forwards / step
+    out["tau"] = total(spec_rows, "n_tokens") / forwards
+    out["speedup"] = total(ar_rows, "time_total_s") / total(spec_rows, "time_total_s")
+    return out
