@@ -452,16 +452,20 @@ def data_params(cfg: dict, world: str = "default") -> dict:
     return {**base, **CLEAN_WORLD} if world == "clean" else base
 
 
+def _world_params(cfg: dict, key: str, world: str) -> dict:
+    """toy.<key> of a toy world, with toy.clean_<key> over it for the clean world."""
+    base = dict(cfg["toy"][key])
+    return {**base, **cfg["toy"].get(f"clean_{key}", {})} if world == "clean" else base
+
+
 def vq_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-vq --params` of a toy world: toy.vq, with toy.clean_vq over it for the clean world."""
-    base = dict(cfg["toy"]["vq"])
-    return {**base, **cfg["toy"].get("clean_vq", {})} if world == "clean" else base
+    return _world_params(cfg, "vq", world)
 
 
 def target_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world."""
-    base = dict(cfg["toy"]["target"])
-    return {**base, **cfg["toy"]["clean_target"]} if world == "clean" else base
+    return _world_params(cfg, "target", world)
 
 
 def shard_alignment(sweep: dict) -> int:

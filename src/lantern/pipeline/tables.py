@@ -191,8 +191,7 @@ def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
     else:
         alone, plain = np.zeros(0), None
     # plain AR alone runs on one image in each block of sweep.in_job_vanilla_every: its mean prices every image
-    plain = plain.dropna().to_numpy(float) if plain is not None else None
-    plain = plain if plain is not None and len(plain) else None
+    plain = plain.dropna().to_numpy(float) if plain is not None and plain.notna().any() else None
     return {"batch_size": batch, "latency_b1_images": len(alone),
             "latency_b1_s_per_image": alone.mean() if len(alone) else math.nan,
             "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan}
