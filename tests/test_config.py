@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.pipeline.config import data_params, expand_methods, mode_shard_ranges, target_params, validate_config, vq_params
+from lantern.pipeline.config import (data_params, expand_methods, mode_shard_ranges, target_extra_images,
+                                     target_params, validate_config, vq_params)
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,18 @@ def test_clean_world_overrides_only_its_own_keys():
     assert vq_params(cfg, "clean") == {"steps": 1500, "codebook_size": 512}
     assert data_params(cfg, "default") == {"noise_sigma": 0.08}
     assert data_params(cfg, "clean")["noise_sigma"] == 0.0
+
+
+def test_extra_images_size_the_targets_data_not_its_model():
+    cfg = validate_config({"toy": {"target": {"steps": 4000, "extra_images": 800}}})
+    assert target_params(cfg, "default") == {"steps": 4000} == target_params(cfg, "clean")
+    assert target_extra_images(cfg, "default") == 800 == target_extra_images(cfg, "clean")  # inherited
+    cfg["toy"]["clean_target"] = {"extra_images": 0}
+    assert (target_extra_images(cfg, "default"), target_extra_images(cfg, "clean")) == (800, 0)
+    assert target_extra_images(validate_config({}), "default") == 0
+    for where in ("target", "clean_target"):
+        with pytest.raises(UserError, match="extra_images"):
+            validate_config({"toy": {where: {"extra_images": -1}}})
 
 
 def test_shipped_configs_are_valid():

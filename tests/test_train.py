@@ -80,6 +80,21 @@ def test_ambiguity_outputs(world):
     assert grid.stat().st_size > 1000
 
 
+def test_train_gpt_concatenates_its_token_files_in_order(world):
+    one = torch.load(world / "tok_train.pt")
+    both = train_gpt.load_training_tokens([str(world / "tok_train.pt"), str(world / "tok_val.pt")])
+    two = torch.load(world / "tok_val.pt")
+    assert torch.equal(both["tokens"], torch.cat([one["tokens"], two["tokens"]]))
+    assert torch.equal(both["labels"], torch.cat([one["labels"], two["labels"]]))
+    assert both["codebook_size"] == one["codebook_size"]
+    other = dict(two, codebook_size=two["codebook_size"] * 2)
+    torch.save(other, world / "tok_other.pt")
+    with pytest.raises(UserError, match="tok_other.pt comes from a different tokenizer"):
+        train_gpt.main(["--tokens", str(world / "tok_train.pt"), str(world / "tok_other.pt"),
+                        "--val", str(world / "tok_val.pt"), "--out", str(world / "x.pt")])
+    assert not (world / "x.pt").exists()
+
+
 def test_bad_params_are_named(world):
     with pytest.raises(UserError, match="lerning_rate"):
         train_gpt.main(["--tokens", str(world / "tok_train.pt"), "--val", str(world / "tok_val.pt"),

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
-                                     mode_shard_ranges, shard_alignment, shard_ranges, target_params, target_source,
-                                     target_spec, validate_config, vq_params)
+                                     mode_shard_ranges, shard_alignment, shard_ranges, target_extra_images,
+                                     target_params, target_source, target_spec, validate_config, vq_params)
 from lantern.engine.methods import (decoder_spec, mode_points, needs_drafter, needs_neighbours, relaxation_axes,
                                    speculative)
 from lantern.errors import UserError
@@ -46,8 +46,19 @@ wildcard_constraints:
     mode="|".join(MODES),
     point="|".join(sorted(POINTS)) or "none",
     world="default|clean",
-    split="train|val",
+    split="train|val|extra",
     shard=r"\d+",
+
+
+def split_range(world, split):
+    """(first index, count) of a toy data split: train, then val, then the target's extra images."""
+    n_train, n_val = config["toy"]["data"]["n_train"], config["toy"]["data"]["n_val"]
+    return {"train": (0, n_train), "val": (n_train, n_val),
+            "extra": (n_train + n_val, target_extra_images(config, world))}[split]
+
+
+def target_splits(world):
+    return ["train", "extra"] if target_extra_images(config, world) else ["train"]
 
 
 def toy_model(world, name):

@@ -9,8 +9,8 @@ rule toy_data:
     log:
         f"{OUT}/logs/toy_data/{{world}}_{{split}}.log",
     params:
-        n=lambda w: config["toy"]["data"]["n_train" if w.split == "train" else "n_val"],
-        start=lambda w: 0 if w.split == "train" else config["toy"]["data"]["n_train"],
+        n=lambda w: split_range(w.world, w.split)[1],
+        start=lambda w: split_range(w.world, w.split)[0],
         data=lambda w: as_arg(data_params(config, w.world)),
         seed=config["seed"],
     conda:
@@ -92,7 +92,7 @@ if TRAIN_TOY:
 
     rule train_gpt:
         input:
-            tokens=f"{OUT}/toy/{{world}}/data/train_tokens.pt",
+            tokens=lambda w: [f"{OUT}/toy/{w.world}/data/{split}_tokens.pt" for split in target_splits(w.world)],
             val=f"{OUT}/toy/{{world}}/data/val_tokens.pt",
         output:
             f"{OUT}/toy/{{world}}/models/target.pt",

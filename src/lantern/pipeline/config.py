@@ -464,8 +464,15 @@ def vq_params(cfg: dict, world: str = "default") -> dict:
 
 
 def target_params(cfg: dict, world: str = "default") -> dict:
-    """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world."""
-    return _world_params(cfg, "target", world)
+    """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world
+    (less extra_images, which sizes the target's data, not its model)."""
+    return {k: v for k, v in _world_params(cfg, "target", world).items() if k != "extra_images"}
+
+
+def target_extra_images(cfg: dict, world: str = "default") -> int:
+    """Images only the target trains on (split `extra`, after the validation split): the target overfits the
+    training split's noise long before it learns its classes, and the VQ, CLIP and classifier need no more."""
+    return int(_world_params(cfg, "target", world).get("extra_images", 0))
 
 
 def shard_alignment(sweep: dict) -> int:

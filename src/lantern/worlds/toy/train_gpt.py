@@ -78,6 +78,19 @@ def load_tokens(path: str | Path, what: str) -> dict:
     return obj
 
 
+def load_training_tokens(paths: list[str]) -> dict:
+    """One training set from one or more `lantern tokenize` files of the same tokenizer, in the order given."""
+    sets = [load_tokens(p, "--tokens") for p in paths]
+    for p, other in zip(paths[1:], sets[1:]):
+        if other["tokens"].shape[1] != sets[0]["tokens"].shape[1] or other["codebook_size"] != sets[0]["codebook_size"]:
+            raise UserError(f"--tokens {p} comes from a different tokenizer than {paths[0]} "
+                            "(token count or codebook size differ)")
+    if len(sets) == 1:
+        return sets[0]
+    return {"tokens": torch.cat([d["tokens"] for d in sets]), "labels": torch.cat([d["labels"] for d in sets]),
+            "codebook_size": sets[0]["codebook_size"]}
+
+
 @torch.no_grad()
 def validation_loss(model: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
     """Mean next-token cross-entropy (nats) with the true labels (no condition dropout)."""
@@ -152,7 +165,8 @@ def train(params: GPTParams, train_set: dict, val_set: dict, resume: Path | None
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="lantern train-gpt", description="train the class-conditional GPT target")
-    ap.add_argument("--tokens", required=True, help="training tokens (`lantern tokenize` file)")
+    ap.add_argument("--tokens", required=True, nargs="+", help="training tokens (`lantern tokenize` files, "
+                    "concatenated in the order given)")
     ap.add_argument("--val", required=True, help="held-out tokens for the validation loss")
     ap.add_argument("--out", required=True, help="checkpoint {'model': state_dict, 'args': ModelArgs}; config and "
                     "metrics go to the same path with .json")
@@ -160,7 +174,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), GPTParams)
-    train_set, val_set = load_tokens(a.tokens, "--tokens"), load_tokens(a.val, "--val")
+    train_set, val_set = load_training_tokens(a.tokens), load_tokens(a.val, "--val")
     if train_set["tokens"].shape[1] != val_set["tokens"].shape[1] or train_set["codebook_size"] != val_set["codebook_size"]:
         raise UserError("--tokens and --val come from different tokenizers (token count or codebook size differ)")
     top = int(max(train_set["labels"].max(), val_set["labels"].max()))
@@ -172,7 +186,7 @@ def main(argv: list[str]) -> None:
     save_checkpoint(a.out, model, args=model.args.to_dict())
     write_json(sidecar(a.out), {"kind": "gpt", "model_args": model.args.to_dict(),
                                 "params": dataclasses.asdict(params), "metrics": metrics,
-                                "tokens": str(a.tokens), "val": str(a.val), "threads": torch.get_num_threads()})
+                                "tokens": [str(t) for t in a.tokens], "val": str(a.val), "threads": torch.get_num_threads()})
     resume.unlink(missing_ok=True)  # the target is written: nothing left to resume
     print(f"GPT: {metrics['params'] / 1e6:.2f}M params, val loss {metrics['val_loss']:.4f} "
           f"(perplexity {metrics['val_perplexity']:.1f}), {metrics['train_seconds']:.0f} s -> {a.out}")
