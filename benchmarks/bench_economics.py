@@ -1,7 +1,7 @@
 """Drafter step / target step and verify / target step, at batch 1 and 8 under CFG, all in one process.
 
     python benchmarks/bench_economics.py [--world models/toy/default] [--sizes GPT-B GPT-XL] [--shape 16x96 ...]
-        [--rounds 16]
+        [--rounds 16 [--gammas 2 3 4]]
 
 Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 16 x 16 tokens, 16384 codes) and any
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
@@ -38,12 +38,14 @@ def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None
               f"verify{positions}/step {r['verify_over_step']:.2f}", flush=True)
 
 
-def report_rounds(world: Path, target: GPT, drafter, n: int) -> None:
-    """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring)."""
+def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int]) -> None:
+    """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring); the
+    exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
+    exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
     decoders = {
-        "exact chain g4": lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(4), g, table)[1],
+        **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
         "LANTERN d0.2 k100": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.2, k=100),
                                                  Chain(4), g, table)[1],
         "plain AR": lambda c, g: generate(target, c, params, g)[1],
@@ -82,9 +84,12 @@ def main():
     ap.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16")
     ap.add_argument("--rounds", type=int, default=0, metavar="N",
                     help="also decode the world's first N images at batch 1 and split a round's cost (0: skip)")
+    ap.add_argument("--gammas", type=int, nargs="+", default=[4], help="draft lengths of the exact chain in --rounds")
     a = ap.parse_args()
     if a.rounds < 0 or (a.rounds and not a.world):
         ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
+    if min(a.gammas) < 1:
+        ap.error(f"--gammas are draft lengths >= 1, got {a.gammas}")
     device, dtype = parse_device(a.device), parse_dtype(a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -99,7 +104,7 @@ def main():
         toy_args = target.args
         if a.rounds:
             with torch.inference_mode():
-                report_rounds(world, target, drafter, a.rounds)
+                report_rounds(world, target, drafter, a.rounds, a.gammas)
     for size in a.sizes:
         report(f"{size} (random)", *random_pair(named_args(size, image_tokens=256, vocab_size=16384), device, dtype),
                a.batch,
