@@ -5,7 +5,8 @@ measured at every step of (a) the target's own samples and (b) held-out images, 
 made with the shared `generate`; their distributions are then recomputed in one teacher-forced pass, which equals
 the cached decoding path step by step. Writes a summary table (one row per source x CFG scale) and every step's
 top-1 probability and entropy, for distribution plots. With --stats-out it also records the world's model
-quality, measured here on the held-out split: VQ PSNR and codebook usage, and the target's validation loss. With
+quality, measured here on the held-out split: VQ PSNR and codebook usage, the target's validation loss, and whether
+the target knows the classes at all (Bayes' rule over its own likelihoods, `target_class_stats`). With
 --classifier, every row also says whether the images show their class: the classifier's accuracy on the decoded
 samples per CFG scale (does guidance make the class visible?) and on the held-out reconstructions (the VQ's ceiling).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from lantern.engine.checkpoint import load_gpt
 from lantern.params import params_from
@@ -41,12 +43,15 @@ class AmbiguityParams:
     top_p: float = 1.0
     batch: int = 64
     seed: int = 0
+    n_class_probe: int = 256  # held-out images the target classifies by its likelihoods (--stats-out; 0: skip)
 
     def __post_init__(self):
         if not self.cfg_scales or any(s < 1 for s in self.cfg_scales):
             raise UserError(f"cfg_scales must be a non-empty list of numbers >= 1, got {self.cfg_scales}")
         if self.n_samples < 0 or self.n_heldout < 0 or self.n_samples + self.n_heldout == 0:
             raise UserError("n_samples and n_heldout must be >= 0 and not both 0")
+        if self.n_class_probe < 0:
+            raise UserError(f"n_class_probe must be >= 0 (held-out images; 0: skip), got {self.n_class_probe}")
 
     def sampling(self, cfg: float) -> SamplingParams:
         return SamplingParams(cfg_scale=cfg, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
@@ -131,11 +136,44 @@ def class_rows(summary: pd.DataFrame, sources: dict, classifier_path: str, vq_pa
 
 
 @torch.no_grad()
-def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | None, batch: int) -> dict:
-    """Model quality on the held-out split: the target's validation loss (teacher-forced, no CFG) and, given the
-    held-out images, the VQ's PSNR and codebook usage."""
+def class_log_likelihoods(model, tokens: torch.Tensor, batch: int) -> torch.Tensor:
+    """log p(image | c) in nats, teacher-forced, for every class c and (last column, if the model has one) the null
+    class: [n, classes (+ 1)]."""
+    device = model.output.weight.device
+    conds = model.args.num_classes + int(model.args.null_class)
+    out = torch.empty(len(tokens), conds)
+    for c in range(conds):
+        for lo in range(0, len(tokens), batch):
+            t = tokens[lo : lo + batch].to(device)
+            logits, _ = model(torch.full((len(t),), c, device=device), t[:, :-1])
+            out[lo : lo + len(t), c] = -F.cross_entropy(logits.transpose(1, 2).float(), t, reduction="none").sum(1).cpu()
+    return out
+
+
+def target_class_stats(model, tokens: torch.Tensor, labels: torch.Tensor, batch: int) -> dict:
+    """Does the target know the classes, apart from sampling? On held-out images: the share whose own class gives
+    them the highest likelihood (the target as a Bayes classifier, uniform prior; chance = 1 / classes), and the
+    nats per image their class adds over the null class, the unconditional stream that CFG extrapolates from."""
+    ll = class_log_likelihoods(model, tokens, batch)
+    classes = model.args.num_classes
+    own = ll[torch.arange(len(labels)), labels]
+    stats = {"target_class_probe_images": len(labels),
+             "target_class_accuracy": (ll[:, :classes].argmax(1) == labels).float().mean().item()}
+    if model.args.null_class:
+        stats["target_class_nats_over_null"] = (own - ll[:, classes]).mean().item()
+    return stats
+
+
+@torch.no_grad()
+def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | None, batch: int,
+                n_class_probe: int = 0) -> dict:
+    """Model quality on the held-out split: the target's validation loss (teacher-forced, no CFG), what it knows of
+    the classes on the first n_class_probe images, and, given the held-out images, the VQ's PSNR and codebook usage."""
     stats = {"target_params": sum(p.numel() for p in model.parameters()), "heldout_images": len(heldout["tokens"]),
              "target_val_loss": validation_loss(model, heldout["tokens"], heldout["labels"], batch)}
+    if n_class_probe:
+        n = min(n_class_probe, len(heldout["tokens"]))
+        stats.update(target_class_stats(model, heldout["tokens"][:n], heldout["labels"][:n], batch))
     if val_images:
         from lantern.worlds.toy import train_vq
         from lantern.worlds.toy.data import load_data
@@ -218,9 +256,12 @@ def main(argv: list[str]) -> None:
         save_grid(a.vq, blocks, model.args.num_classes, a.grid)
     print(summary.to_string(index=False))
     if a.stats_out:
-        stats = world_stats(model, heldout, a.vq, a.val_images, params.batch)
+        stats = world_stats(model, heldout, a.vq, a.val_images, params.batch, params.n_class_probe)
         write_json(a.stats_out, stats)
         vq = (f"VQ PSNR {stats['vq_psnr']:.2f} dB, codebook usage {stats['vq_codebook_usage']:.3f} "
               f"({stats['vq_codes_used']} codes); " if a.val_images else "")
         print(f"{vq}target {stats['target_params'] / 1e6:.2f}M params, validation loss "
               f"{stats['target_val_loss']:.4f} on {stats['heldout_images']} held-out images")
+        if "target_class_accuracy" in stats:
+            print(f"the target classifies {stats['target_class_accuracy']:.3f} of {stats['target_class_probe_images']}"
+                  f" held-out images by its own likelihoods (chance {1 / model.args.num_classes:.3f})")
