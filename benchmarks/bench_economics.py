@@ -7,8 +7,9 @@ Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
 the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step, as LlamaGen-XL's on a GPU.
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
-(delta 0.2, k 100) and plain AR, image by image in turn, and prints what a round costs in one-token steps, split into
-drafting, verifying and the rest (lantern.metrics.economics.round_costs), against the tokens it yields (tau).
+(delta 0.2, k 10, the default point) and plain AR, image by image in turn, and prints what a round costs in
+one-token steps, split into drafting, verifying and the rest (lantern.metrics.economics.round_costs), against the
+tokens it yields (tau).
 """
 
 import argparse
@@ -46,7 +47,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int]) 
     exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
     decoders = {
         **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
-        "LANTERN d0.2 k100": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.2, k=100),
+        "LANTERN d0.2 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.2, k=10),
                                                  Chain(4), g, table)[1],
         "plain AR": lambda c, g: generate(target, c, params, g)[1],
     }
