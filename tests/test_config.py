@@ -124,6 +124,9 @@ def test_shipped_configs_are_valid():
         path = ROOT / "config" / name
         if path.exists():
             validate_config(yaml.safe_load(path.read_text()) or {})
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    scan = yaml.safe_load((ROOT / "config" / "lantern-k-scan.yaml").read_text())
+    validate_config({**base, **scan, "sweep": {**base["sweep"], **scan["sweep"]}})
 
 
 def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
