@@ -2,7 +2,7 @@
 sweep's vanilla / vanilla-control / aggressive-LANTERN points, scored by one protocol against one reference.
 
     python benchmarks/metric_separation.py [--config config/config.yaml] [--n 200] [--steps 40]
-        [--points vanilla vanilla-control exact-chain-g4 lantern-chain-g4-d0.4-k100] [--work results/separation]
+        [--points vanilla vanilla-control exact-chain-g2 lantern-chain-g4-d0.4-k10] [--work results/separation]
 
 Needs a finished default run (`make run`: the reference val.pt and the sweep's metrics). It makes N fresh real
 images (indices far from the training and validation splits), trains a target of the default size for only
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="training steps of the undertrained target")
     ap.add_argument("--train-images", type=int, default=4000)
     ap.add_argument("--points", nargs="+",
-                    default=["vanilla", "vanilla-control", "exact-chain-g4", "lantern-chain-g4-d0.4-k100"])
+                    default=["vanilla", "vanilla-control", "exact-chain-g2", "lantern-chain-g4-d0.4-k10"])
     ap.add_argument("--mode", default="sampling")
     ap.add_argument("--work", default="results/separation")
     ap.add_argument("--out", default="results/tables/metric_separation.csv")
@@ -74,6 +74,10 @@ def main() -> None:
     reference, clip = out / "toy/default/data/val.pt", models / "clip.pt"
     if not reference.is_file():
         raise UserError(f"{reference} does not exist: run the default pipeline first (make run)")
+    point_metrics = {point: out / "metrics" / a.mode / f"{point}.json" for point in a.points}
+    for point, path in point_metrics.items():  # before the training and sampling below, not after
+        if not path.is_file():
+            raise UserError(f"{path} does not exist: is {point} a point of this sweep, and has it run?")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     world_params, seed = json.dumps(data_params(cfg)), cfg["seed"]
@@ -103,10 +107,7 @@ def main() -> None:
     rows = [{"set": "real (held out)", **json.loads((work / "real.json").read_text())},
             {"set": "real, full captions (CLIP score only)", **json.loads((work / "real_full_captions.json").read_text())},
             {"set": f"undertrained target ({a.steps} steps)", **json.loads((work / "undertrained.json").read_text())}]
-    for point in a.points:
-        path = out / "metrics" / a.mode / f"{point}.json"
-        if not path.is_file():
-            raise UserError(f"{path} does not exist: is {point} a point of this sweep, and has it run?")
+    for point, path in point_metrics.items():
         rows.append({"set": f"{a.mode}/{point}", **json.loads(path.read_text())})
     table = pd.DataFrame(rows)[COLUMNS + ["fid_extractor", "n_reference"]]
     with atomic_path(a.out) as tmp:
@@ -117,4 +118,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
