@@ -163,3 +163,15 @@ def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):
         with pytest.raises(UserError, match=message) as err:
             validate_config(cfg)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("toy, message", [
+    ({"target": {"lerning_rate": 1}}, r"^config: toy\.target: unknown key toy\.target\.lerning_rate"),
+    ({"clean_target": {"lerning_rate": 1}}, r"^config: toy\.target \(with toy\.clean_target, clean world\)"),
+    ({"data": {"noise_sigma": -1}}, r"^config: toy\.data: .*noise_sigma"),
+    ({"ambiguity": {"cfg_scales": [0.5]}}, r"^config: toy\.ambiguity: cfg_scales"),
+    ({"drafter": {"epochs": 0}}, r"^config: toy\.drafter: drafter epochs"),
+])
+def test_toy_hyperparameters_are_checked_before_any_job(toy, message):
+    with pytest.raises(UserError, match=message):
+        validate_config({"toy": toy})

@@ -418,11 +418,41 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     _check_paths(cfg)
     _check_methods(cfg)
     _check_metric_sizes(cfg)
+    _check_toy_params(cfg)
     if cfg["world"] == "llamagen":
         check_vq_downsample(cfg)
         _check_llamagen_checkpoints(cfg)
         check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg))
     return cfg
+
+
+def _check_toy_params(cfg: dict) -> None:
+    """Build every toy hyperparameter group into the dataclass its command builds, so that a misspelt key or a bad
+    value fails here, before any job, and not when the training or report job starts."""
+    if cfg["world"] != "toy":
+        return
+    from lantern.metrics.ambiguity import AmbiguityParams
+    from lantern.metrics.train_classifier import ClassifierParams
+    from lantern.metrics.train_clip import TrainClipParams
+    from lantern.params import params_from
+    from lantern.pipeline.train_drafter import DrafterParams
+    from lantern.worlds.toy.data import DataParams
+    from lantern.worlds.toy.train_gpt import GPTParams
+    from lantern.worlds.toy.train_vq import VQParams
+
+    worlds = ("default", "clean") if cfg["toy"]["clean_world"] else ("default",)
+    groups = [(f"toy.{key}" if world == "default" else f"toy.{key} (with toy.clean_{key}, clean world)", cls, get(cfg, world))
+              for world in worlds
+              for key, cls, get in (("data", DataParams, data_params), ("vq", VQParams, vq_params),
+                                    ("target", GPTParams, target_params))]
+    groups += [(f"toy.{key}", cls, cfg["toy"][key])
+               for key, cls in (("drafter", DrafterParams), ("clip", TrainClipParams),
+                                ("classifier", ClassifierParams), ("ambiguity", AmbiguityParams))]
+    for where, cls, mapping in groups:
+        try:
+            params_from(mapping, cls, f"{where.split(' ')[0]}.")
+        except UserError as e:
+            raise UserError(f"config: {where}: {e}") from None
 
 
 def expand_methods(cfg: dict) -> dict[str, dict]:
