@@ -84,7 +84,7 @@ def test_sample_columns_name_their_class(sweep):
     labels = class_labels(sweep / "gen", "sampling", "vanilla")
     assert labels[5] == 1  # the fixture's labels cycle i mod 4
     assert column_title(5, labels[5], toy_names=False) == "image 5\nclass 1"
-    assert column_title(5, labels[5], toy_names=True) == "image 5\nellipse"
+    assert column_title(5, labels[5], toy_names=True) == "image 5\ntriangle"
     assert column_title(5, None, toy_names=True) == "image 5"
 
 
