@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from lantern.pipeline.config import data_params, evaluate_params, validate_config
+from lantern.pipeline.config import data_params, evaluate_params, target_params, validate_config
 from lantern.worlds.toy.data import load_data
 from lantern.errors import UserError
 from lantern.io import atomic_path
@@ -97,7 +97,7 @@ def main() -> None:
     lantern("tokenize", "--data", reference, "--vq", models / "vq.pt", "--out", work / "val_tokens.pt")
     target = work / f"target_{a.steps}steps.pt"
     lantern("train-gpt", "--tokens", work / "train_tokens.pt", "--val", work / "val_tokens.pt", "--out", target,
-            "--params", json.dumps({**cfg["toy"]["target"], "steps": a.steps, "eval_every": a.steps,
+            "--params", json.dumps({**target_params(cfg), "steps": a.steps, "eval_every": a.steps,
                                     "warmup_steps": min(10, a.steps)}))
     lantern("sample", "--target", target, "--vq", models / "vq.pt", "--mode", a.mode, "--seed", seed, "--end", a.n,
             "--sampling", json.dumps(cfg["sampling"]), "--out", work / "undertrained", "--threads", 1)

@@ -98,8 +98,8 @@ def test_defaults_are_filled_and_grid_expands():
 def test_clean_world_overrides_only_its_own_keys():
     cfg = validate_config({"toy": {"data": {"noise_sigma": 0.08, "n_train": 10}, "target": {"steps": 4000, "dim": 96},
                                    "clean_target": {"steps": 600}}})
-    assert target_params(cfg, "default") == {"steps": 4000, "dim": 96}
-    assert target_params(cfg, "clean") == {"steps": 600, "dim": 96}
+    assert target_params(cfg, "default") == {"steps": 4000, "dim": 96, "num_classes": 16}
+    assert target_params(cfg, "clean") == {"steps": 600, "dim": 96, "num_classes": 16}
     cfg["toy"].update(vq={"steps": 1500, "codebook_size": 2048}, clean_vq={"codebook_size": 512})
     assert vq_params(cfg, "default") == {"steps": 1500, "codebook_size": 2048}
     assert vq_params(cfg, "clean") == {"steps": 1500, "codebook_size": 512}
@@ -109,7 +109,7 @@ def test_clean_world_overrides_only_its_own_keys():
 
 def test_extra_images_size_the_targets_data_not_its_model():
     cfg = validate_config({"toy": {"target": {"steps": 4000, "extra_images": 800}}})
-    assert target_params(cfg, "default") == {"steps": 4000} == target_params(cfg, "clean")
+    assert target_params(cfg, "default") == {"steps": 4000, "num_classes": 16} == target_params(cfg, "clean")
     assert target_extra_images(cfg, "default") == 800 == target_extra_images(cfg, "clean")  # inherited
     cfg["toy"]["clean_target"] = {"extra_images": 0}
     assert (target_extra_images(cfg, "default"), target_extra_images(cfg, "clean")) == (800, 0)
@@ -117,6 +117,14 @@ def test_extra_images_size_the_targets_data_not_its_model():
     for where in ("target", "clean_target"):
         with pytest.raises(UserError, match="extra_images"):
             validate_config({"toy": {where: {"extra_images": -1}}})
+
+
+def test_the_target_has_the_datas_classes():
+    # a target with more classes than its data would sample (and the sweep would ask it for) classes it never saw
+    cfg = validate_config({"toy": {"data": {"num_classes": 6}}})
+    assert target_params(cfg, "default")["num_classes"] == 6 == target_params(cfg, "clean")["num_classes"]
+    with pytest.raises(UserError, match="toy.target.num_classes is 16 but toy.data.num_classes is 6"):
+        validate_config({"toy": {"data": {"num_classes": 6}, "target": {"num_classes": 16}}})
 
 
 def test_shipped_configs_are_valid():

@@ -32,10 +32,13 @@ if TRAIN_TOY:
             f"{OUT}/benchmarks/train_drafter/default.tsv"
         threads: 2
         params:
-            p=lambda w, threads: as_arg({**config["toy"]["drafter"], "threads": threads_arg(threads)}),
+            # the recipe alone, so that --rerun-triggers params sees a change: Snakemake does not track params that
+            # are functions of threads
+            p=as_arg(config["toy"]["drafter"]),
+            threads=lambda w, threads: threads_arg(threads),
             device=config["device"],
         conda:
             "../../environment.yml"
         shell:
             "lantern-gpu-run lantern train-drafter --target {input.target:q} --tokens {input.tokens:q} --out {output:q}"
-            " --device {params.device} --params {params.p} > {log:q} 2>&1"
+            " --device {params.device} --params {params.p} --threads {params.threads} > {log:q} 2>&1"

@@ -99,7 +99,8 @@ if not TOY:  # the toy world trains its drafter in drafter.smk
             f"{OUT}/benchmarks/llamagen/train_drafter.tsv"
         threads: 2
         params:
-            p=lambda w, threads: as_arg({**DRAFTER["train"], "threads": threads_arg(threads)}),
+            p=as_arg(DRAFTER["train"]),
+            threads=lambda w, threads: threads_arg(threads),
             features=lambda w, input: " ".join(["--caption-features", *map(shlex.quote, input.features)]) if T2I else "",
             tokens=lambda w, input: " ".join(map(shlex.quote, input.tokens)),
             spec=SPEC_ARG,
@@ -108,7 +109,7 @@ if not TOY:  # the toy world trains its drafter in drafter.smk
             "../../environment.yml"
         shell:
             "lantern-gpu-run lantern train-drafter --target {input.target:q} {params.spec} --tokens {params.tokens}"
-            " {params.features} --out {output:q} --device {params.device} --params {params.p} > {log:q} 2>&1"
+            " {params.features} --out {output:q} --device {params.device} --params {params.p} --threads {params.threads} > {log:q} 2>&1"
 
 
 rule convert_target:

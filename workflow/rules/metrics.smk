@@ -18,12 +18,13 @@ if TRAIN_TOY:
             f"{OUT}/benchmarks/train_clip/default.tsv"
         threads: 2
         params:
-            p=lambda w, threads: as_arg({**config["toy"]["clip"], "threads": threads_arg(threads)}),
+            p=as_arg(config["toy"]["clip"]),
+            threads=lambda w, threads: threads_arg(threads),
         conda:
             "../../environment.yml"
         shell:
             "lantern train-clip --data {input.data:q} --vq {input.vq:q} --out {output.weights:q} --params {params.p}"
-            " > {log:q} 2>&1"
+            " --threads {params.threads} > {log:q} 2>&1"
 
 
 # defined with shipped checkpoints too: the classifier alone can be retrained on the shipped VQ's reconstructions
@@ -44,12 +45,13 @@ if TOY:
             f"{OUT}/benchmarks/train_classifier/default.tsv"
         threads: 2
         params:
-            p=lambda w, threads: as_arg({**config["toy"]["classifier"], "threads": threads_arg(threads)}),
+            p=as_arg(config["toy"]["classifier"]),
+            threads=lambda w, threads: threads_arg(threads),
         conda:
             "../../environment.yml"
         shell:
             "lantern train-classifier --data {input.data:q} --val {input.val:q} --vq {input.vq:q}"
-            " --out {output.weights:q} --params {params.p} > {log:q} 2>&1"
+            " --out {output.weights:q} --params {params.p} --threads {params.threads} > {log:q} 2>&1"
 
 
 rule evaluate:

@@ -101,11 +101,14 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="output <name>.pt; <name>.json beside it")
     ap.add_argument("--params", default=None, help="ClassifierParams as inline JSON/YAML or a file path")
     ap.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
     a = ap.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {a.device}: no CUDA device here; use --device cpu or auto")
     p = params_from(read_structured(a.params), ClassifierParams)
+    if a.threads is not None:
+        p = dataclasses.replace(p, threads=a.threads)
     out = Path(a.out)
     if out.suffix != ".pt":
         raise UserError(f"--out must end in .pt (the record goes to the .json beside it), got {out}")

@@ -165,8 +165,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--vq", default=None, help="VQ checkpoint: also train on the VQ reconstructions of the images")
     ap.add_argument("--out", required=True, help="output weights <name>.pt; <name>.json and <name>.metrics.json beside")
     ap.add_argument("--params", default=None, help="TrainClipParams as inline JSON/YAML or a file path")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
     a = ap.parse_args(argv)
     p = params_from(read_structured(a.params), TrainClipParams)
+    if a.threads is not None:
+        p = dataclasses.replace(p, threads=a.threads)
     out = Path(a.out)
     if out.suffix != ".pt":
         raise UserError(f"--out must end in .pt (the config goes to the .json beside it), got {out}")

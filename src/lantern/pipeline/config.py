@@ -495,8 +495,16 @@ def vq_params(cfg: dict, world: str = "default") -> dict:
 
 def target_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world
-    (less extra_images, which sizes the target's data, not its model)."""
-    return {k: v for k, v in _world_params(cfg, "target", world).items() if k != "extra_images"}
+    (less extra_images, which sizes the target's data, not its model), and the data's class count: a target with
+    more classes than its data would sample, and be asked for, classes it never saw."""
+    from lantern.worlds.toy.data import DataParams
+
+    params = {k: v for k, v in _world_params(cfg, "target", world).items() if k != "extra_images"}
+    classes = data_params(cfg, world).get("num_classes", DataParams.num_classes)
+    if params.setdefault("num_classes", classes) != classes:
+        raise UserError(f"config: toy.target.num_classes is {params['num_classes']} but toy.data.num_classes is "
+                        f"{classes}; leave toy.target.num_classes out (it follows the data)")
+    return params
 
 
 def target_extra_images(cfg: dict, world: str = "default") -> int:

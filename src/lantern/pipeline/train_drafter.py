@@ -369,10 +369,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="drafter checkpoint")
     ap.add_argument("--params", default=None, help="DrafterParams (JSON/YAML or file)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
     ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter's weights are fp32 "
                     "(on CUDA its forward runs under bf16 autocast)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), DrafterParams)
+    if a.threads is not None:
+        params = dataclasses.replace(params, threads=a.threads)
     if params.data != "self" and not a.tokens:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     if params.threads > 0:
