@@ -179,6 +179,9 @@ def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):
     ({"data": {"noise_sigma": -1}}, r"^config: toy\.data: .*noise_sigma"),
     ({"ambiguity": {"cfg_scales": [0.5]}}, r"^config: toy\.ambiguity: cfg_scales"),
     ({"drafter": {"epochs": 0}}, r"^config: toy\.drafter: drafter epochs"),
+    ({"drafter": {"threads": -1}}, r"^config: toy\.drafter: drafter threads=-1 must be >= 0"),
+    ({"clip": {"threads": -1}}, r"^config: toy\.clip: train-clip threads=-1"),
+    ({"classifier": {"threads": -1}}, r"^config: toy\.classifier: train-classifier threads=-1"),
 ])
 def test_toy_hyperparameters_are_checked_before_any_job(toy, message):
     with pytest.raises(UserError, match=message):

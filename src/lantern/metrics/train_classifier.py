@@ -47,6 +47,8 @@ class ClassifierParams:
     threads: int = 0  # torch CPU threads (0: torch's default)
 
     def __post_init__(self):
+        if self.threads < 0:
+            raise UserError(f"train-classifier threads={self.threads} must be >= 0 (0: torch's default)")
         if self.width < 1 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1:
             raise UserError("train-classifier needs width >= 1, steps >= 1, batch_size >= 2 and eval_every >= 1")
         if not 0 <= self.recon_prob <= 1:

@@ -57,6 +57,8 @@ class TrainClipParams:
     threads: int = 0  # torch CPU threads (0: torch's default)
 
     def __post_init__(self):
+        if self.threads < 0:
+            raise UserError(f"train-clip threads={self.threads} must be >= 0 (0: torch's default)")
         if self.steps < 1 or self.batch_size < 2 or self.n_val < 0:
             raise UserError("train-clip needs steps >= 1, batch_size >= 2 and n_val >= 0")
         if not (0 <= self.recon_prob <= 1 and 0 <= self.class_caption_prob <= 1):

@@ -55,6 +55,8 @@ class DrafterParams:
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
+        if self.threads < 0:
+            raise UserError(f"drafter threads={self.threads} must be >= 0 (0: torch's default)")
         every = self.checkpoint_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise UserError(f"drafter checkpoint_every={every!r} must be an integer >= 0 (optimizer steps; 0: none)")
