@@ -26,7 +26,7 @@ def test_caption_column_wins_and_labels_fill_the_rest(tmp_path):
     shard0 = table(tmp_path / "a.csv", image_index=[0, 1], caption=["a cat on a mat", None], label=[3, 7])
     shard1 = table(tmp_path / "b.csv", image_index=[2], caption=["a dog"])
     got = read_captions([shard0, shard1], "toy")
-    assert got.texts == {0: "a cat on a mat", 1: "a cross", 2: "a dog"}
+    assert got.texts == {0: "a cat on a mat", 1: "a square", 2: "a dog"}  # CLASS_NAMES[7]
     assert got.source == "stats caption column + labels -> toy-world class names"
     assert read_captions([shard1], "no-such-file.txt").source == "stats caption column"  # names never needed
 
