@@ -235,8 +235,8 @@ def warm_up(decoder: Decoder, condition: Conditions, first: list[int], a, refere
 def reference_batch(first_image: int, batch_size: int, every: int) -> bool:
     """Whether plain AR is timed on the batch that starts at `first_image` (`--in-job-vanilla-every`): one batch in
     each block of `every` consecutive global batches, at an offset drawn from the block's index, so any shard agrees.
-    Drawn rather than fixed: labels cycle with a period of whole batches (the toy world's 6 classes at batch 8: every 3 batches), and
-    a fixed offset would time the same classes in every block."""
+    Drawn rather than fixed: labels cycle with a period of whole batches (the toy world's 6 classes at batch 8: every
+    3 batches), and a fixed offset would time the same classes in every block."""
     block, offset = divmod(first_image // batch_size, every)
     return offset == random.Random(block).randrange(every)
 
