@@ -93,6 +93,32 @@ def test_training_learns_and_mixes_null_rows(monkeypatch):
     assert not d.training
 
 
+def test_cosine_schedule_runs_from_lr_to_its_floor(monkeypatch):
+    from lantern.pipeline.train_drafter import learning_rate
+
+    constant = DrafterParams(lr=1e-3)
+    assert [learning_rate(constant, s, 10) for s in (0, 5, 9)] == [1e-3] * 3
+    cosine = DrafterParams(lr=1e-3, lr_schedule="cosine", lr_floor=0.1)
+    curve = [learning_rate(cosine, s, 11) for s in range(11)]
+    assert curve[0] == pytest.approx(1e-3) and curve[5] == pytest.approx(0.55e-3) and curve[-1] == pytest.approx(1e-4)
+    assert all(a > b for a, b in zip(curve, curve[1:]))
+
+    seen = []  # the lr each optimizer step was taken with
+    real_step = torch.optim.AdamW.step
+
+    def spy(opt, *a, **kw):
+        seen.append(opt.param_groups[0]["lr"])
+        return real_step(opt, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    target = tiny_target()
+    tokens, labels = self_data(target, n=40)
+    params = DrafterParams(epochs=2, batch_size=16, lr=2e-3, lr_schedule="cosine", val_frac=0.1)
+    train_drafter(target, tokens, labels, params)
+    assert len(seen) == 6  # 2 epochs of ceil(36 / 16) = 3 batches
+    assert seen == pytest.approx([learning_rate(params, s, 6) for s in range(6)]) and seen[-1] == 0.0
+
+
 def test_losses_are_the_eagle_objective():
     target = tiny_target()
     d = Drafter.from_target(target)
@@ -128,6 +154,8 @@ def test_save_load_roundtrip_and_wrong_target(tmp_path):
     (dict(data="self"), "n_self"),
     (dict(val_frac=1.5), "val_frac"),
     (dict(epochs=0), "positive"),
+    (dict(lr_schedule="linear"), "constant or cosine"),
+    (dict(lr_floor=1.5), "lr_floor"),
 ])
 def test_bad_params(kw, needle):
     with pytest.raises(UserError, match=needle):

@@ -40,6 +40,10 @@ class DrafterParams:
     epochs: int = 20
     batch_size: int = 32
     lr: float = 1e-4
+    # constant: lr throughout; cosine: from lr down to lr * lr_floor over the run's optimizer steps, so the last
+    # epochs refine rather than hop (the step's lr is a function of the step: a resumed run follows the same curve)
+    lr_schedule: str = "constant"
+    lr_floor: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.0
     grad_clip: float = 0.5  # clip each gradient value to [-0.5, 0.5] (EAGLE)
@@ -64,6 +68,10 @@ class DrafterParams:
             raise UserError(f"drafter data must be real, self or both; got {self.data!r}")
         if self.data != "real" and self.n_self < 1:
             raise UserError(f"drafter data {self.data} needs n_self >= 1 self-generated sequences")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise UserError(f"drafter lr_schedule must be constant or cosine; got {self.lr_schedule!r}")
+        if not 0 <= self.lr_floor <= 1:
+            raise UserError(f"drafter lr_floor={self.lr_floor} must lie in [0, 1] (a fraction of lr)")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
             raise UserError("drafter epochs, batch_size and lr must be positive")
         if not 0 < self.val_frac < 1:
@@ -91,6 +99,14 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
         top1 = (q_logits.argmax(-1) == logits[:, T:].argmax(-1)).float().mean()
         accept = 1 - 0.5 * (q_logits.softmax(-1) - want_p).abs().sum(-1).mean()  # exact SD acceptance at temperature 1, no CFG
     return {"reg": reg, "ce": ce, "top1": top1, "accept": accept}
+
+
+def learning_rate(params: DrafterParams, step: int, total_steps: int) -> float:
+    """The lr of optimizer step `step` (0-based) of `total_steps` under params.lr_schedule."""
+    if params.lr_schedule == "constant":
+        return params.lr
+    cosine = 0.5 * (1 + math.cos(math.pi * step / max(total_steps - 1, 1)))
+    return params.lr * (params.lr_floor + (1 - params.lr_floor) * cosine)
 
 
 def to_target(cond: Tensor, target: GPT) -> Tensor:
@@ -200,6 +216,8 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
                 loss = losses["reg"] + params.ce_weight * losses["ce"]
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(params, step, params.epochs * batches)
             torch.nn.utils.clip_grad_value_(trainable, params.grad_clip)
             opt.step()
             total += loss.item()
