@@ -128,6 +128,18 @@ def test_representative_points(sweep):
     assert set(picked) <= set(POINTS)
 
 
+def test_representative_relaxed_points_come_from_the_k_with_the_curve(sweep):
+    """A delta curve at k 10 with single points at k 5 and 20 (the toy default): the curve's ends, not k 20's lone
+    point; a full grid: its largest k, as before."""
+    table = pd.read_csv(sweep / "tables" / "sweep.csv")
+    lantern = table[(table["mode"] == "greedy") & (table["name"] == "lantern")].iloc[0]
+    row = lambda d, k: lantern.to_dict() | {"point": f"l-d{d}-k{k}", "delta": d, "k": k}  # noqa: E731
+    curve = pd.DataFrame([row(0.1, 10), row(0.2, 10), row(0.4, 10), row(0.2, 5), row(0.2, 20)])
+    assert select_points(curve) == ["l-d0.1-k10", "l-d0.4-k10"]
+    grid = pd.DataFrame([row(d, k) for k in (10, 50) for d in (0.1, 0.4)])
+    assert select_points(grid) == ["l-d0.1-k50", "l-d0.4-k50"]
+
+
 def test_tradeoff_draws_class_accuracy_where_the_sweep_has_it(sweep, tmp_path):
     """A sweep with class accuracy (the toy world) gets a third panel per mode; one without it (llamagen: no
     classifier) keeps FID and CLIP score."""

@@ -97,7 +97,8 @@ def with_shape(df: pd.DataFrame) -> pd.DataFrame:
 
 def select_points(df: pd.DataFrame, with_vanilla: bool = True) -> list[str]:
     """Representative points of one mode: AR (+ control), every exact SD, and for each relaxed family the
-    weakest and strongest relaxation at its largest k."""
+    weakest and strongest relaxation at the k that carries its relaxation curve (the k with the most points, the
+    largest on a tie: a full grid gives its largest k, a curve at one k with single points at others that k)."""
     rows = sorted((r for _, r in df.iterrows()), key=order_key)
     relaxed = lambda r: bool(methods.relaxation_axes(r["name"]))  # noqa: E731
     picked = [r["point"] for r in rows if not relaxed(r) and (with_vanilla or methods.speculative(r))]
@@ -106,8 +107,9 @@ def select_points(df: pd.DataFrame, with_vanilla: bool = True) -> list[str]:
         if relaxed(r):
             groups.setdefault(shape_key(r), []).append(r)
     for group in groups.values():
-        top_k = max((r["k"] for r in group if pd.notna(r.get("k"))), default=None)
-        members = [r for r in group if top_k is None or r["k"] == top_k]
+        ks = [r["k"] for r in group if pd.notna(r.get("k"))]
+        curve_k = max(set(ks), key=lambda k: (ks.count(k), k), default=None)
+        members = [r for r in group if curve_k is None or r["k"] == curve_k]
         strength = next(a for a in methods.relaxation_axes(members[0]["name"]) if a != "k")
         members.sort(key=lambda r: r[strength] if pd.notna(r[strength]) else -1)
         picked += list(dict.fromkeys([members[0]["point"], members[-1]["point"]]))
