@@ -133,9 +133,22 @@ def check_compiled_equals_eager(world: World, rows: list, smoke: bool) -> bool:
     return ok
 
 
-def count_syncs(world: World, rows: list, smoke: bool) -> None:
+def synchronizing_calls(run, world: World, B: int) -> tuple[int, list]:
+    """The synchronizing CUDA calls of one decoder run over a batch of B (CUDA's sync debug mode), and its stats."""
     import torch
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _, stats = run(*batch(world, B))
+            sync(world.device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught), stats
+
+
+def count_syncs(world: World, rows: list, smoke: bool) -> None:
     from lantern.engine.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0)
@@ -145,15 +158,7 @@ def count_syncs(world: World, rows: list, smoke: bool) -> None:
         if smoke:
             rows.append(row("host_syncs_per_round", name, batch=8, note="not run (--smoke: CUDA's sync debug mode)"))
             continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                _, stats = run(*batch(world, 8))
-                sync(world.device)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        syncs, stats = synchronizing_calls(run, world, 8)
         rounds = max(s.target_forwards for s in stats) - 1  # the prefill aside
         rows.append(row("host_syncs", name, batch=8, value=syncs, unit="syncs per batch"))
         rows.append(row("host_syncs_per_round", name, batch=8, value=round(syncs / max(rounds, 1), 1),

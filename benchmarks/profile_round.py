@@ -20,29 +20,16 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import SIZES, SPECS, World, batch, timed  # noqa: E402
+from gpu_check import SIZES, SPECS, World, batch, synchronizing_calls, timed  # noqa: E402
 
 from lantern.engine.model import ModelArgs, named_args  # noqa: E402
 from lantern.engine.sampling import SamplingParams  # noqa: E402
 from lantern.io import atomic_path  # noqa: E402
-
-
-def count_syncs(run, world: World, B: int) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            run(*batch(world, B))
-            torch.cuda.synchronize(world.device)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def profile(a) -> list[str]:
@@ -75,7 +62,7 @@ def profile(a) -> list[str]:
         say(f"timer sections per round: draft {ms(s.time_draft_s * a.batch):.3f} ms, verify "
             f"{ms(s.time_verify_s * a.batch):.3f} ms, other {ms(s.time_other_s * a.batch):.3f} ms")
         if cuda:
-            syncs = count_syncs(spec, world, a.batch)
+            syncs, _ = synchronizing_calls(spec, world, a.batch)
             say(f"host syncs: {syncs} per batch, {syncs / rounds:.1f} per round")
         if not a.ops:
             return lines
