@@ -20,6 +20,19 @@ DETERMINISTIC = ("toy/*/data/*.pt", "toy/*/models/*.pt", "toy/*/ambiguity*.csv",
                  "gen/*/*/shard*/images/*.png", "metrics/*/*.json")
 
 
+def benchmark_script(name: str):
+    """benchmarks/<name>.py imported as a module (the scripts are not a package, so their folder joins sys.path
+    for the import only)."""
+    import importlib
+
+    folder = str(REPO / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)
+
+
 def snakemake_env() -> dict[str, str]:
     # Rules call the interpreter running Snakemake; PATH also gets the venv's console scripts.
     return dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")

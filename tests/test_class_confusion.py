@@ -1,16 +1,11 @@
 """benchmarks/class_confusion.py: the restricted Bayes accuracy and the most-separable class order behind the toy
 world's CLASS_NAMES order."""
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import class_confusion
-finally:
-    sys.path.pop(0)
+from conftest import benchmark_script
+
+class_confusion = benchmark_script("class_confusion")
 
 
 def confusable_scores() -> tuple[torch.Tensor, torch.Tensor]:

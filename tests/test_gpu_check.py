@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import benchmark_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
@@ -21,11 +23,7 @@ def test_refuses_without_cuda_in_one_line(tmp_path):
 
 
 def test_smoke_run_writes_every_row(tmp_path):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    gpu_check = benchmark_script("gpu_check")
     out = tmp_path / "c.csv"
     assert gpu_check.main(["--smoke", "--out", str(out), "--sizes", "GPT-B", "--batch", "1", "2"]) == 0
     rows = list(csv.DictReader(out.open()))

@@ -1,22 +1,12 @@
 """benchmarks/image_agreement.py: the same images give difference 0 and agreement 1, changed ones are counted,
 only shared indices are compared, and a missing point fails in one line naming the points there."""
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "image_agreement.py"
-
-
-def load():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import image_agreement
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return image_agreement
+from conftest import benchmark_script
 
 
 def write(gen: Path, point: str, images: dict[int, np.ndarray], shard: int = 0) -> None:
@@ -35,7 +25,7 @@ def test_agreement_counts_identical_and_changed_images(tmp_path, capsys):
     write(tmp_path, "a", {i: base[i] for i in range(2, 4)}, shard=1)  # a point's shards are one set of indices
     write(tmp_path, "b", changed)
     write(tmp_path, "c", {**base, 9: base[0]})  # index 9 exists in c alone: not compared
-    mod = load()
+    mod = benchmark_script("image_agreement")
     diff, same, n = mod.agreement(mod.images_of(tmp_path, "a"), mod.images_of(tmp_path, "b"), 2.0)
     want = np.abs(base[3].astype(np.float32) - changed[3].astype(np.float32)).mean() / 4
     assert n == 4 and same == 0.75 and diff == pytest.approx(want)
@@ -47,7 +37,7 @@ def test_missing_point_and_disjoint_indices_fail_clearly(tmp_path):
     rng = np.random.default_rng(1)
     write(tmp_path, "a", {0: rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)})
     write(tmp_path, "b", {1: rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)})
-    mod = load()
+    mod = benchmark_script("image_agreement")
     with pytest.raises(SystemExit, match="no point 'z' under .*; points there: a, b"):
         mod.main(["a", "z", "--gen", str(tmp_path)])
     with pytest.raises(SystemExit, match="share no image index"):
