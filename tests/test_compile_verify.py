@@ -1,6 +1,7 @@
-"""The speculative verify step with static shapes (batched.target_forward, compile=True): every batched decoder at a
-fixed width over every image's rows gives the tokens of one-by-one decoding, eager (the padding alone, float64) and
-through torch.compile (inductor on CPU), and one graph serves every round of every batch of a shape."""
+"""The speculative verify step with static shapes (batched.target_forward, compile=True), and the chain's drafting
+(batched.chain_drafts): every batched decoder at a fixed width over every image's rows gives the tokens of
+one-by-one decoding, eager (the padding alone, float64) and through torch.compile (inductor on CPU), and one graph
+serves every round of every batch of a shape."""
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -94,3 +95,32 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
             graphs = counters["stats"]["unique_graphs"]
             assert graphs > before  # the verify step really compiled (no silent fallback to eager)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_chain_drafts_and_verify_both_go_through_compiled_steps(f64, monkeypatch):
+    """compile=True compiles the chain's whole drafting (catch-up, drafter steps, q and draws), not just the verify."""
+    asked = []
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
+    target, drafter = f64
+    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES["exact"], Chain(3))
+    assert {"chain_drafts", "verify_step"} <= set(asked)
+
+
+def test_kept_drafter_cache_is_the_same_buffers_in_a_fresh_state():
+    """compiled.setup_static_cache on a drafter: the second batch reuses the first's tensors (fixed addresses for
+    CUDA graphs), zeroed, with the new batch's caption mask and nothing of the old one."""
+    from lantern.engine.drafter import DrafterOptions
+
+    _, drafter, _, mask = ragged_t2i(DrafterOptions())
+    rows = torch.cat([mask, mask])
+    compiled.setup_static_cache(drafter, 8, extra=2, cond_mask=rows)
+    cache, key_valid = drafter.layer.attention.kv_cache, drafter.cache_key_valid
+    cache.k.fill_(1.0)
+    compiled.setup_static_cache(drafter, 8, extra=2, cond_mask=rows.flip(0))
+    assert drafter.layer.attention.kv_cache is cache and drafter.cache_key_valid is key_valid
+    assert not cache.k.any()
+    kept = drafter.cache_key_valid.clone()
+    drafter.setup_cache(8, extra=2, cond_mask=rows.flip(0))
+    assert torch.equal(kept, drafter.cache_key_valid)
+    assert not kept.all()  # the mask really hides padded caption positions
+    drafter.clear_cache()

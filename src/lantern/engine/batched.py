@@ -5,8 +5,9 @@ Every image keeps its own state (its tokens, the target position Q of its newest
 catch-up inputs from drafter position `start`) and draws from its own generator (first token, drafts, acceptance
 uniforms, correction or bonus token), so its tokens never depend on the batch.
 Chain round over the active images:
-1. draft: ONE drafter forward catches every active image up (ragged lengths, padded to the longest), then drafter
-   step i runs over the images that still want a draft i + 2 (an image near its end drafts fewer than gamma);
+1. draft (`chain_drafts`): ONE drafter forward catches every active image up (ragged lengths, padded to the
+   longest), then drafter step i runs over the images that still want a draft i + 2 (an image near its end drafts
+   fewer than gamma);
 2. verify: ONE target forward over every active image's [y, drafts] (padded);
 3. accept and commit: the target's distributions of every verified position at once, then every image's chain
    accepted at once with its own uniforms (chain.accept_chains); the image's next round reads from its own new Q.
@@ -20,9 +21,10 @@ whose index lies past every real position, so no real query ever sees it: paddin
 Stats per image: target_forwards = 1 + the verify forwards the image took part in.
 compile=True (`target_forward`): the verify forward runs through torch.compile with static shapes, gpt-fast style:
 every image's rows (a finished image's rows all padding) at a fixed width, the drafting kind's node budget + 1, so
-one graph per (model shape, cache rows, width) serves every round of every batch; the KV cache is kept between
-batches (compiled.setup_static_cache) for CUDA graphs. Eager: only the active rows, padded to the longest sequence
-of the round.
+one graph per (model shape, cache rows, width) serves every round of every batch; the KV caches are kept between
+batches (compiled.setup_static_cache) for CUDA graphs. A chain's drafting (`chain_drafts`: catch-up, drafter steps,
+draws) compiles the same way, at the catch-up width gamma + 1. Eager: only the active rows, padded to the longest
+sequence of the round.
 """
 
 from __future__ import annotations
@@ -177,7 +179,11 @@ class DrafterRounds:
                                                        self.drafting.target_extra, static)
         images, R = [], cond_emb.shape[0] // B
         with timer.section("other"):
-            drafter.setup_cache(cond_emb.shape[0], extra=self.drafting.drafter_extra + SCRATCH, cond_mask=rows_mask)
+            extra = self.drafting.drafter_extra + SCRATCH
+            if static:
+                compiled.setup_static_cache(drafter, cond_emb.shape[0], extra=extra, cond_mask=rows_mask)
+            else:
+                drafter.setup_cache(cond_emb.shape[0], extra=extra, cond_mask=rows_mask)
             self.first = first_tokens(p0, self.params, generators)
             first_emb = drafter.embed_tokens(self.first)
             for b, g in enumerate(generators):
@@ -214,6 +220,37 @@ def first_tokens(p0: Tensor, params: SamplingParams, generators: list[torch.Gene
     return next_tokens(p0, params, None if params.greedy else Uniforms(generators, 1, p0.device).u[:, 0])
 
 
+def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+                 rows: Tensor | None, last: Tensor, Q: Tensor, done: Tensor, gs: Tensor, u: Tensor | None,
+                 params: SamplingParams, G: int) -> tuple[Tensor, Tensor]:
+    """G chain drafts for n images, the drafting of a chain round in one function, eager or compiled with static
+    shapes (gpt-fast style, as verify_step): the drafter's catch-up over each image's pending inputs (emb, hidden,
+    pos, slots [R * n, S, ...], visible [R * n, S, L] in forward layout over the cache rows `rows`, None: all),
+    whose predicted state at each image's last input (`last` [n]) gives q_1 and x_1; then drafter step i feeds x_i
+    at target position Q + i (Q [n]: each image's newest token) for the images that want a draft i + 2 (gs [n]:
+    drafts wanted; the others' queries are padding). q_i are CFG-mixed and filtered at image-token index done + i;
+    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V])."""
+    n, L, device = last.shape[0], drafter.cache_len, emb.device
+    R = emb.shape[0] // n
+    out = drafter.forward_rows(emb, hidden, pos, slots, visible, rows)
+    pred = out.view(R, n, out.shape[1], -1)[:, torch.arange(n, device=device), last]  # [R, n, d]
+    xs, qs = [], []
+    for i in range(G):
+        q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (done + i)[:, None])[:, 0]
+        xs.append(next_tokens(q, params, None if u is None else u[:, i]))
+        qs.append(q)
+        if i == G - 1:
+            break
+        real = (i < gs - 1)[:, None]
+        at = (Q + i)[:, None]
+        step_pos, step_slots = torch.where(real, at, 0), torch.where(real, at, L - 1)
+        step_visible = (torch.arange(L, device=device) <= at[..., None]) & real[..., None]
+        pred = drafter.forward_rows(drafter.embed_tokens(xs[-1]).repeat(R, 1)[:, None], pred.reshape(R * n, 1, -1),
+                                    step_pos.repeat(R, 1), step_slots.repeat(R, 1), step_visible.repeat(R, 1, 1),
+                                    rows).view(R, n, -1)
+    return torch.stack(xs, 1), torch.stack(qs, 1)
+
+
 class ChainRounds(DrafterRounds):
     """Rounds of gamma chain drafts (chain.py) for a batch, three host syncs per round: the round's host integers
     go to the device in one copy, the images' uniforms (2 gamma + 1 each, drawn ahead: drafts, tried drafts, the
@@ -224,42 +261,46 @@ class ChainRounds(DrafterRounds):
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
         images = super().prefill(cond, generators, timer, cond_mask, static)
+        self.images, self.static = images, static
         self.buf = torch.zeros(self.B, self.N + self.drafting.gamma + 1, dtype=torch.long, device=self.device)
         self.buf[:, 0] = self.first
         return images
 
     def draft(self, images: list[Image]) -> None:
-        """One batched catch-up, then gamma drafter steps over the active images (an image with fewer drafts left
-        takes part as padding). Sets self.X [n, G] (drafts), self.q [n, G, V] (their distributions)."""
-        drafter, params, device, gamma = self.drafter, self.params, self.device, self.drafting.gamma
-        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        """One batched catch-up, then the drafter steps (chain_drafts) over the active images (an image with fewer
+        drafts left takes part as padding); compiled (self.static): over every image's rows at fixed shapes.
+        Sets self.X [n, G] (drafts), self.q [n, G, V] (their distributions)."""
+        params, device, gamma, T = self.params, self.device, self.drafting.gamma, self.target.args.cls_token_num
+        R = images[0].pend_emb.shape[0]
         self.g = [min(gamma, self.N - im.n) for im in images]
-        G = max(self.g)
-        self.index, self.done, starts, lengths, self.gs = to_device(
-            device, [im.index for im in images], [im.n for im in images], [im.start for im in images],
-            [im.pend_emb.shape[1] for im in images], self.g)
+        # the drafting plan of every image in the pass: the active ones, or (static) all of them, finished ones as
+        # padding (no catch-up inputs, no drafts wanted)
+        plan = self.images if self.static else images
+        active = {im.index for im in images}
+        wanted = dict(zip((im.index for im in images), self.g))
+        lengths = [im.pend_emb.shape[1] if im.index in active else 0 for im in plan]
+        self.index, self.done, self.gs, done, starts, length, gs = to_device(
+            device, [im.index for im in images], [im.n for im in images], self.g, [im.n for im in plan],
+            [im.start for im in plan], lengths, [wanted.get(im.index, 0) for im in plan])
         self.uniforms = None if params.greedy else Uniforms([im.generator for im in images], 2 * gamma + 1, device)
         u = None if params.greedy else self.uniforms.u
         self.rows = forward_rows_of(self.index, self.B, R)
-        pred = self.catch_up(images, self.rows, starts, lengths)  # [R, n, d]
-        Q = self.target.args.cls_token_num + self.done - 1
-        X, qs = torch.zeros(n, G, dtype=torch.long, device=device), []
-        for step in range(G):
-            q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (self.done + step)[:, None])[:, 0]
-            X[:, step] = next_tokens(q, params, None if u is None else u[:, step])
-            qs.append(q)
-            if step == G - 1:
-                break
-            real = step < self.gs - 1
-            at = (Q + step)[:, None]
-            pos, slots = torch.where(real[:, None], at, 0), torch.where(real[:, None], at, L - 1)
-            visible = (torch.arange(L, device=device) <= at[..., None]) & real[:, None, None]
-            pred = drafter.forward_rows(drafter.embed_tokens(X[:, step]).repeat(R, 1)[:, None],
-                                        pred.reshape(R * n, 1, -1), pos.repeat(R, 1), slots.repeat(R, 1),
-                                        visible.repeat(R, 1, 1), self.rows).view(R, n, -1)
-            for im, g in zip(images, self.g):
-                im.stats.drafter_forwards += step < g - 1
-        self.X, self.q = X, torch.stack(qs, 1)
+        S = max(lengths)
+        if self.static:  # one graph per catch-up width: gamma + 1, and the first round's condition length if longer
+            S = max(S, gamma + 1)
+            if u is not None:
+                u = u.new_zeros(self.B, u.shape[1]).index_copy_(0, self.index, u)
+        emb = pack([im.pend_emb[:, : n] for im, n in zip(plan, lengths)], S)
+        hidden = pack([im.pend_h[:, : n] for im, n in zip(plan, lengths)], S)
+        pos, slots, visible = ragged(starts, length, S, R, self.drafter.cache_len)
+        step = compiled.compiled_step(chain_drafts, device) if self.static else chain_drafts
+        X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
+                    (length - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
+        if self.static:
+            X, q = X[self.index], q[self.index]
+        for im, g in zip(images, self.g):
+            im.stats.drafter_forwards += g  # the catch-up, then g - 1 steps
+        self.X, self.q = X, q
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
 from lantern.errors import UserError
 
@@ -54,16 +55,22 @@ def compiled_step(fn: Callable, device) -> Callable:
     return _compiled[key]
 
 
-def setup_static_cache(model: GPT, batch: int, dtype: torch.dtype | None = None, extra: int = 0) -> None:
-    """GPT.setup_cache(batch, dtype, extra) on buffers kept between calls: the same KV tensors (zeroed) and key-valid
-    mask every time for a given (model, batch, dtype, extra), so a compiled / CUDA-graphed step sees fixed input
-    addresses. Same state as a fresh setup_cache; model.clear_cache() detaches it as usual."""
+def setup_static_cache(model, batch: int, dtype: torch.dtype | None = None, extra: int = 0,
+                       cond_mask: torch.Tensor | None = None) -> None:
+    """model.setup_cache on buffers kept between calls, for a target (GPT.setup_cache(batch, dtype, extra)) or a
+    drafter (Drafter.setup_cache(batch, extra, cond_mask), in its weights' dtype): the same KV tensors (zeroed) and
+    key-valid mask every time for a given (model, batch, dtype, extra), so a compiled / CUDA-graphed step sees fixed
+    input addresses. Same state as a fresh setup_cache; model.clear_cache() detaches it as usual."""
+    drafter = isinstance(model, Drafter)
     p = model.output.weight
-    dtype = dtype or p.dtype
+    dtype = p.dtype if drafter or dtype is None else dtype
     store = _caches.setdefault(model, {})
     key = (batch, dtype, p.device, model.args.max_seq_len + extra)
     if key not in store:
-        model.setup_cache(batch, dtype, extra)
+        if drafter:
+            model.setup_cache(batch, extra, cond_mask)
+        else:
+            model.setup_cache(batch, dtype, extra)
         store[key] = ([layer.attention.kv_cache for layer in model.layers], model.cache_key_valid)
         return
     caches, key_valid = store[key]
@@ -73,3 +80,5 @@ def setup_static_cache(model: GPT, batch: int, dtype: torch.dtype | None = None,
         layer.attention.kv_cache = cache
     key_valid.fill_(True)
     model.cache_key_valid = key_valid
+    if drafter:
+        model.set_cond_mask(cond_mask)

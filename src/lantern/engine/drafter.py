@@ -67,7 +67,7 @@ class Drafter(nn.Module):
         self.layer = TransformerBlock(dataclasses.replace(args, norm_eps=eps), input_norm=False)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.rope = precompute_rope_2d(args)
-        self.key_valid: Tensor | None = None
+        self.cache_key_valid: Tensor | None = None
         for m in (self.fc, *self.layer.modules()):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -134,18 +134,27 @@ class Drafter(nn.Module):
         return self._run(emb, hidden, torch.arange(emb.shape[1], device=emb.device), mask, None)
 
     # -- cached drafting ------------------------------------------------------------------------------------------
+    @property
+    def layers(self) -> tuple[TransformerBlock]:
+        """The drafter's one decoder layer, as GPT.layers (what holds a KV cache)."""
+        return (self.layer,)
+
     def setup_cache(self, batch: int, extra: int = 0, cond_mask: Tensor | None = None) -> None:
         w = self.fc.weight
         max_len = self.args.max_seq_len + extra
         self.layer.attention.kv_cache = KVCache(batch, self.args.n_head, max_len, self.args.head_dim, w.dtype, w.device)
-        self.key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=w.device)
+        self.cache_key_valid = torch.ones(batch, max_len, dtype=torch.bool, device=w.device)
+        self.set_cond_mask(cond_mask)
+
+    def set_cond_mask(self, cond_mask: Tensor | None) -> None:
+        """Hide left-padded caption positions (unless the options say the drafter sees them); drafter position t
+        reads condition t + 1, so the padding mask shifts by one."""
         if cond_mask is not None and self.options.mask_padding:
-            # drafter position t reads condition t + 1, so the padding mask shifts by one
-            self.key_valid[:, : cond_mask.shape[1] - 1] = cond_mask[:, 1:].bool()
+            self.cache_key_valid[:, : cond_mask.shape[1] - 1] = cond_mask[:, 1:].bool()
 
     def clear_cache(self) -> None:
         self.layer.attention.kv_cache = None
-        self.key_valid = None
+        self.cache_key_valid = None
 
     @property
     def cache_len(self) -> int:
@@ -157,14 +166,14 @@ class Drafter(nn.Module):
         nodes sharing a depth share a position but not a slot); visible [S, max_len] as in GPT."""
         slots = pos if slots is None else slots
         own = own_slots(slots, visible.shape[-1])
-        mask = (visible[None, None] & self.key_valid[:, None, None, :]) | own[None, None]
+        mask = (visible[None, None] & self.cache_key_valid[:, None, None, :]) | own[None, None]
         return self._run(emb, hidden, pos, mask, slots)
 
     def forward_rows(self, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                      rows: Tensor | None = None) -> Tensor:
         """Cached pass with per-row drafter positions pos [b, S] and slots [b, S] over the cache rows `rows` [b]
         (None: all rows, in order); visible [b, S, max_len]; as GPT.forward_rows."""
-        key_valid = self.key_valid if rows is None else self.key_valid[rows]
+        key_valid = self.cache_key_valid if rows is None else self.cache_key_valid[rows]
         return self._run(emb, hidden, pos, row_mask(visible, slots, key_valid), slots, rows)
 
     def step(self, emb: Tensor, hidden: Tensor, start: int) -> Tensor:

@@ -17,7 +17,8 @@ dynamic trees), jacobi.JacobiRounds. Every image draws from its own generator, s
 batch: a batch of B gives each image the tokens it gets in a batch of 1 (exactly so in the float64 tests).
 The target's cache is indexed by position: entries past the accepted prefix are overwritten next round, never read.
 tau = tokens / target forwards (prefill included); times: the batch's wall time per section / B. compile=True: the
-verify forward through torch.compile with static shapes at the width nodes + 1 (batched.py).
+verify forward through torch.compile with static shapes at the width nodes + 1, and a chain's drafting with it
+(batched.py).
 """
 
 from __future__ import annotations
