@@ -32,6 +32,8 @@ import warnings
 from pathlib import Path
 
 SIZES = ("GPT-B", "GPT-L", "GPT-XL")
+# --smoke's model (this script's and profile_round.py's): toy sizes, the plumbing on a CPU
+SMOKE_ARGS = dict(dim=64, n_layer=2, n_head=2, vocab_size=512, num_classes=16, image_tokens=16, multiple_of=64)
 # the spec of every decoder: plain AR, then each drafting kind with the rules that change its code path
 SPECS = {
     "vanilla": {"name": "vanilla"},
@@ -257,8 +259,7 @@ def main(argv=None) -> int:
     check_args = ModelArgs(dim=128, n_layer=2 if a.smoke else 6, n_head=4, vocab_size=512, num_classes=16,
                            image_tokens=16 if a.smoke else 64, multiple_of=64)
     if a.smoke:
-        tiny = dict(dim=64, n_layer=2, n_head=2, vocab_size=512, num_classes=16, image_tokens=16, multiple_of=64)
-        args_of, dtype = (lambda size: ModelArgs(**tiny)), torch.float32
+        args_of, dtype = (lambda size: ModelArgs(**SMOKE_ARGS)), torch.float32
     else:
         args_of, dtype = (lambda size: named_args(size, image_tokens=a.tokens)), torch.bfloat16
     rows: list[dict] = []

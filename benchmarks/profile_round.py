@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import SIZES, SPECS, World, batch, synchronizing_calls, timed  # noqa: E402
+from gpu_check import SIZES, SMOKE_ARGS, SPECS, World, batch, synchronizing_calls, timed  # noqa: E402
 
 from lantern.engine.model import ModelArgs, named_args  # noqa: E402
 from lantern.engine.sampling import SamplingParams  # noqa: E402
@@ -37,7 +37,7 @@ def profile(a) -> list[str]:
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
     compile = cuda and not a.eager
     if a.smoke:
-        args = ModelArgs(dim=64, n_layer=2, n_head=2, vocab_size=512, num_classes=16, image_tokens=16, multiple_of=64)
+        args = ModelArgs(**SMOKE_ARGS)
     else:
         args = named_args(a.size, image_tokens=a.tokens)
     params = SamplingParams(cfg_scale=2.0)

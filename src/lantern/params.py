@@ -32,3 +32,9 @@ def params_from(mapping: dict, cls, where: str = ""):
             raise UserError(f"{where}{key} = {value!r} must be of type {kind.__name__}")
         kwargs[key] = float(value) if kind is float else value
     return cls(**kwargs)
+
+
+def check_threads(threads: int, what: str) -> None:
+    """A training job's torch thread count: >= 0, where 0 keeps torch's default."""
+    if threads < 0:
+        raise UserError(f"{what} threads={threads} must be >= 0 (0: torch's default)")

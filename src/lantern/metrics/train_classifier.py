@@ -24,7 +24,7 @@ from tqdm import tqdm
 from lantern.errors import UserError
 from lantern.io import read_structured, write_json
 from lantern.metrics.classifier import ToyClassifier, load_classifier, predict, save_classifier
-from lantern.params import params_from
+from lantern.params import check_threads, params_from
 from lantern.worlds.toy.data import load_data, reconstruct
 
 
@@ -47,8 +47,7 @@ class ClassifierParams:
     threads: int = 0  # torch CPU threads (0: torch's default)
 
     def __post_init__(self):
-        if self.threads < 0:
-            raise UserError(f"train-classifier threads={self.threads} must be >= 0 (0: torch's default)")
+        check_threads(self.threads, "train-classifier")
         if self.width < 1 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1:
             raise UserError("train-classifier needs width >= 1, steps >= 1, batch_size >= 2 and eval_every >= 1")
         if not 0 <= self.recon_prob <= 1:

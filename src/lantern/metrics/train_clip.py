@@ -27,7 +27,7 @@ from lantern.worlds.toy.data import load_data, reconstruct
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_structured, save_torch, write_json
 from lantern.metrics.clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
-from lantern.params import params_from
+from lantern.params import check_threads, params_from
 
 
 @dataclass
@@ -57,8 +57,7 @@ class TrainClipParams:
     threads: int = 0  # torch CPU threads (0: torch's default)
 
     def __post_init__(self):
-        if self.threads < 0:
-            raise UserError(f"train-clip threads={self.threads} must be >= 0 (0: torch's default)")
+        check_threads(self.threads, "train-clip")
         if self.steps < 1 or self.batch_size < 2 or self.n_val < 0:
             raise UserError("train-clip needs steps >= 1, batch_size >= 2 and n_val >= 0")
         if not (0 <= self.recon_prob <= 1 and 0 <= self.class_caption_prob <= 1):

@@ -24,7 +24,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.params import params_from
+from lantern.params import check_threads, params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT
 
@@ -59,8 +59,7 @@ class DrafterParams:
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
-        if self.threads < 0:
-            raise UserError(f"drafter threads={self.threads} must be >= 0 (0: torch's default)")
+        check_threads(self.threads, "drafter")
         every = self.checkpoint_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise UserError(f"drafter checkpoint_every={every!r} must be an integer >= 0 (optimizer steps; 0: none)")
