@@ -1,15 +1,16 @@
 """Drafter step / target step and verify / target step, at batch 1 and 8 under CFG, all in one process.
 
     python benchmarks/bench_economics.py [--world models/toy/default] [--sizes GPT-B GPT-XL] [--shape 16x96 ...]
-        [--rounds 16 [--gammas 2 3 4]]
+        [--rounds 16 [--gammas 2 3 4] [--trees]]
 
 Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 16 x 16 tokens, 16384 codes) and any
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
 the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step, as LlamaGen-XL's on a GPU.
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
-(delta 0.2, k 10, the default point) and plain AR, image by image in turn, and prints what a round costs in
-one-token steps, split into drafting, verifying and the rest (lantern.metrics.economics.round_costs), against the
-tokens it yields (tau).
+(delta 0.2, k 10, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
+tree (each also with the full walk of its acceptance, as on a GPU, without batched_trees.settled's early exits),
+and plain AR, image by image in turn, and prints what a round costs in one-token steps, split into drafting,
+verifying and the rest (lantern.metrics.economics.round_costs), against the tokens it yields (tau).
 """
 
 import argparse
@@ -26,6 +27,8 @@ from lantern.engine.generate import generate
 from lantern.engine.neighbours import nearest_neighbours, read_codebook
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
+from lantern.engine.stats import GpuPath
+from lantern.engine.trees import DynamicTree, static_tree
 from lantern.metrics.economics import ratios, round_costs, step_costs
 
 
@@ -39,16 +42,30 @@ def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None
               f"verify{positions}/step {r['verify_over_step']:.2f}", flush=True)
 
 
-def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int]) -> None:
+def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], trees: bool = False) -> None:
     """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring); the
-    exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance."""
+    exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance; with
+    `trees`, the default run's tree pair too (LANTERN++ lam 5 k 100 on the static and the dynamic tree)."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
     exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
+    def tree(shape, full_walk: bool):
+        """LANTERN++ on a tree; full_walk: its sampled acceptance without the CPU's early exits, as on a GPU."""
+        def run(c, g):
+            GpuPath.counting += full_walk
+            try:
+                return decode(target, drafter, c, params, AcceptRule("lanternpp", lam=5, k=100), shape, g, table)[1]
+            finally:
+                GpuPath.counting -= full_walk
+        return run
+
     decoders = {
         **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
         "LANTERN d0.2 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.2, k=10),
                                                  Chain(4), g, table)[1],
+        **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
+            for kind, shape in (("static", static_tree("naive_extend_57")), ("dynamic", DynamicTree()))
+            for full in (False, True)} if trees else {}),
         "plain AR": lambda c, g: generate(target, c, params, g)[1],
     }
     device = target.output.weight.device
@@ -61,7 +78,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int]) 
     print(f"batch 1, CFG 2, sampling, {n} images each; a round in one-token steps of plain AR (same images, same process)")
     for name in list(decoders)[:-1]:
         r = round_costs(rows[name], rows["plain AR"])
-        print(f"{name:<18} round {r['round_steps']:.2f} steps = draft {r['draft_steps']:.2f} + verify "
+        print(f"{name:<30} round {r['round_steps']:.2f} steps = draft {r['draft_steps']:.2f} + verify "
               f"{r['verify_steps']:.2f} + other {r['other_steps']:.2f}; tau {r['tau']:.2f}; speed-up {r['speedup']:.2f}x",
               flush=True)
 
@@ -86,6 +103,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=0, metavar="N",
                     help="also decode the world's first N images at batch 1 and split a round's cost (0: skip)")
     ap.add_argument("--gammas", type=int, nargs="+", default=[4], help="draft lengths of the exact chain in --rounds")
+    ap.add_argument("--trees", action="store_true", help="--rounds also splits the LANTERN++ static and dynamic trees, with and without the CPU walk's early exits")
     a = ap.parse_args()
     if a.rounds < 0 or (a.rounds and not a.world):
         ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
@@ -105,7 +123,7 @@ def main():
         toy_args = target.args
         if a.rounds:
             with torch.inference_mode():
-                report_rounds(world, target, drafter, a.rounds, a.gammas)
+                report_rounds(world, target, drafter, a.rounds, a.gammas, a.trees)
     for size in a.sizes:
         report(f"{size} (random)", *random_pair(named_args(size, image_tokens=256, vocab_size=16384), device, dtype),
                a.batch,

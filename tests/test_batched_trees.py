@@ -6,11 +6,13 @@ import copy
 import pytest
 import torch
 
+from lantern.engine import batched_trees
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
 from lantern.engine.model import KVCache
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
+from lantern.engine.stats import GpuPath
 from lantern.engine.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
 from lantern.syncs import SyncCounter
@@ -133,6 +135,24 @@ def test_bad_calls(f64):
     with pytest.raises(UserError, match="beyond the vocabulary"):
         decode(target, drafter, torch.arange(2), SamplingParams(), AcceptRule(),
                                      DynamicTree(top_k=17), gens(2))
+
+
+@pytest.mark.parametrize("tree", ["naive_extend_57", "dynamic"])
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp"])
+def test_cpu_walk_shortcut_changes_no_token(trained, monkeypatch, tree, rule):
+    """The sampled walk skips, on a CPU, the children and depths no tree can still reach (batched_trees.settled);
+    the GPU path runs them all. Both give the same tokens and stats, bit for bit."""
+    target, drafter = trained
+    shape = static_tree(tree) if tree != "dynamic" else DynamicTree()
+    cond = torch.arange(6) % target.args.num_classes
+    run = lambda: decode(target, drafter, cond, SamplingParams(cfg_scale=2.0), RULES[rule], shape, gens(6, 2), TABLE)  # noqa: E731
+    skipped = []
+    monkeypatch.setattr(batched_trees, "settled", lambda live, f=batched_trees.settled: skipped.append(f(live)) or skipped[-1])
+    cpu, cpu_stats = run()
+    assert any(skipped)  # the shortcut really fired
+    monkeypatch.setattr(GpuPath, "counting", 1)  # the GPU path
+    gpu, gpu_stats = run()
+    assert_same_decodes(cpu, cpu_stats, gpu, gpu_stats, target.args.image_tokens)
 
 
 @pytest.mark.parametrize("tree", ["naive_extend_57", "dynamic"])

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
+from lantern.engine.stats import GpuPath
+
 READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__format__", "cpu", "equal", "allclose"}
 SHAPES = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
 CREATE = {"tensor", "as_tensor", "rand", "randn", "randint", "randperm", "empty", "zeros", "ones", "full", "arange",
@@ -65,6 +67,14 @@ class SyncCounter(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.sites: Counter = Counter()
+
+    def __enter__(self):
+        GpuPath.counting += 1  # the code under count takes its GPU path (stats.free_read)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        GpuPath.counting -= 1
+        return super().__exit__(*exc)
 
     @property
     def total(self) -> int:

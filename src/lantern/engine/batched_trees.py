@@ -28,6 +28,7 @@ from torch import Tensor
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
 from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
 from lantern.engine.sampling import Uniforms, draw
+from lantern.engine.stats import free_read
 from lantern.engine.trees import Draft, TreePass, _visible, accept_sampled
 
 
@@ -201,6 +202,14 @@ class TreeRounds(DrafterRounds):
             self.target.keep_rows(*to_device(device, *zip(*moves)))
 
 
+def settled(live: Tensor) -> bool:
+    """On a CPU: whether no tree of the walk has a candidate left in `live`, so that the rest of a loop would change
+    nothing (every update in it is masked by `live`) and may be skipped; a CPU answers without a device sync. A GPU
+    would sync once per child: there the walk runs every step (always False). On a CPU this skips about 60 % of a
+    LANTERN++ static tree's acceptance work (docs/decoders.md)."""
+    return free_read(live) and not bool(live.any())
+
+
 def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
          rule: AcceptRule, D: int) -> tuple[Tensor, Tensor, Tensor]:
     """trees.accept_sampled for n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
@@ -220,6 +229,8 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
     p = P[:, 0]
     shared = sibling_budget(None if q is None else q[0, 0], rule) is not None  # bounded LANTERN, q = 1 drafts
     for step in range(D + 1):
+        if settled(alive):
+            break
         cands = kids[rows, node + 1]  # [n, C]
         offered = (cands >= 0) & ok.gather(1, cands.clamp(min=0)) & alive[:, None]
         p = torch.where(alive[:, None], P[rows, node + 1], p)
@@ -228,6 +239,8 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
         rank = offered.long().cumsum(-1) - 1
         chosen = torch.full((n,), -1, dtype=torch.long, device=X.device)
         for j in range(C):
+            if settled(offered[:, j:] & (chosen < 0)[:, None]):
+                break
             live = offered[:, j] & (chosen < 0)
             x = X.gather(1, cands[:, j : j + 1].clamp(min=0))[:, 0]
             A, c, m = accept_probability(p, qq, x, table, rule, None if budget is None else budget[:, None])

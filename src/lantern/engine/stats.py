@@ -10,6 +10,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 
+class GpuPath:
+    """How many sync counters (lantern.syncs.SyncCounter) run now: while one counts what the code would cost on a
+    GPU, CPU-only shortcuts (`free_read`) stay off."""
+
+    counting = 0
+
+
+def free_read(t: torch.Tensor) -> bool:
+    """Whether reading `t` into Python costs no device sync, so that a decoder may skip work it would do blindly on
+    a GPU: a CPU tensor, except under a sync counter."""
+    return t.device.type == "cpu" and not GpuPath.counting
+
+
 class StepTimer:
     """Time per section. On CUDA a section records a pair of CUDA events and never synchronises the host: the
     device time between them is read once, when `seconds` is first asked for (after decoding). Elsewhere wall-clock
