@@ -85,6 +85,29 @@ def test_cli_writes_the_table_and_the_strip(table):
     assert strip.size == (4 * (side + 2) + 2, (1 + len(RANKS)) * (side + 2) + 2)
 
 
+def test_classifier_adds_class_agreement(world, table, tmp_path):
+    """--classifier: each row also says how often the swapped decodes keep the original decode's predicted class:
+    all of them for the null variants; fewer for random codes than for the nearest ones, on the codebook laid
+    out so that near codes decode to near images. Without it the columns are absent."""
+    from lantern.metrics.classifier import ToyClassifier, save_classifier
+
+    df, _ = table
+    assert "class_agreement" not in df.columns
+    torch.manual_seed(0)
+    net = ToyClassifier(num_classes=4, width=4, image_size=8)
+    with torch.no_grad():  # an untrained net says one class for every image: spread its logits over the features
+        net.head.bias.zero_()
+        net.head.weight.mul_(100)
+    save_classifier(net, tmp_path / "cls.pt")
+    assert lantern(args(world, tmp_path, **{"--classifier": tmp_path / "cls.pt"})) == 0
+    got = pd.read_csv(tmp_path / "p.csv", dtype={"m": str})
+    null = got[(got["fraction"] == 0) | (got["m"] == "0")]
+    assert (null["class_agreement"] == 1).all() and (null["class_agreement_se"] == 0).all()
+    assert got["class_agreement"].between(0, 1).all()
+    assert row(got, 1.0, RANDOM)["class_agreement"] < row(got, 1.0, 1)["class_agreement"]
+    assert got.drop(columns=["class_agreement", "class_agreement_se"]).equals(df)  # nothing else changes
+
+
 def test_null_variants_give_zero_shift(table):
     df, _ = table
     null = df[(df["fraction"] == 0) | (df["m"] == "0")]
@@ -139,6 +162,7 @@ def bad_cases(root, tmp):
         ({"--vq": other}, r"neighbour table .*nb\.pt was built for another codebook"),
         ({"--fidelity": '{"extractor": "toyclip", "weights_path": "nowhere.pt"}'}, r"toyclip weights not found at nowhere\.pt"),
         ({"--out": tmp / "p.txt"}, r"--out must end in \.csv"),
+        ({"--classifier": tmp / "none.pt"}, r"classifier checkpoint .*none\.pt"),
     ]
 
 

@@ -243,6 +243,8 @@ def proximity_inputs(wildcards):
         table = (f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt" if world == "default"
                  else f"{OUT}/toy/{world}/neighbours/{metric}_K{PROXIMITY_K}.pt")
         inputs = {"vq": toy_model(world, "vq"), "neighbours": table, "tokens": f"{OUT}/toy/{world}/data/val_tokens.pt"}
+        if world == "default" and classifier_ckpt():  # the class-accuracy CNN knows the default world's images
+            inputs["classifier"] = classifier_ckpt()
     if PROXIMITY_FIDELITY["weights_path"]:
         inputs["extractor"] = PROXIMITY_FIDELITY["weights_path"]
     return inputs

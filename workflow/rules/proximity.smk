@@ -1,6 +1,7 @@
 # LANTERN's premise (its Fig. 3): codes near each other in the VQ latent space are interchangeable. `lantern
 # proximity` replaces a fraction of held-out tokens by their m-th nearest neighbour, decodes them with the VQ and
-# scores the shift with the run's FD extractor. Toy world: every toy world's held-out split (its own VQ and
+# scores the shift with the run's FD extractor (the default toy world: also with its class-accuracy classifier,
+# how often a swap keeps the decode's class). Toy world: every toy world's held-out split (its own VQ and
 # neighbour table); llamagen: the tokens of the vanilla sweep point (real images may be given only as FID
 # statistics, while the vanilla samples exist in every run).
 
@@ -22,6 +23,7 @@ rule proximity:
     params:
         threads=lambda w, threads: threads_arg(threads),
         tokens=proximity_tokens,
+        classifier=lambda w, input: optional("--classifier", input, "classifier"),
         fidelity=as_arg(PROXIMITY_FIDELITY),
         p=as_arg({k: v for k, v in PROXIMITY.items() if k != "enabled"}),
         device=config["device"],
@@ -30,7 +32,7 @@ rule proximity:
     shell:
         "lantern-gpu-run lantern proximity --vq {input.vq:q} --neighbours {input.neighbours:q} --tokens {params.tokens}"
         " --fidelity {params.fidelity} --params {params.p} --world {wildcards.name} --out {output.table:q}"
-        " --strip {output.strip:q} --device {params.device} --threads {params.threads} > {log:q} 2>&1"
+        " --strip {output.strip:q} {params.classifier} --device {params.device} --threads {params.threads} > {log:q} 2>&1"
 
 
 # A toy world other than the default has its own VQ, hence its own table (the sweep's is the default VQ's).

@@ -5,7 +5,10 @@ near code barely changes the image. This stage tests the premise without any tar
 grids a fraction f of the positions is replaced by the m-th nearest neighbour of the code there (m = 0: the code
 itself, a null check; `random`: a uniformly random other code, the control), the grids are decoded by the VQ, and
 the decodes are compared with the unmodified decodes, through the feature extractor of the run's FD: the Frechet
-distance between the two feature sets, the mean per-image feature cosine, and pixel PSNR / mean absolute error.
+distance between the two feature sets, the mean per-image feature cosine, and pixel PSNR / mean absolute error;
+with a classifier (`--classifier`, the toy world's class-accuracy CNN), also the fraction of decodes whose
+predicted class stays that of the unmodified decode (`class_agreement`, ± its binomial SE): whether a swap keeps
+what the image shows, not only its feature statistics.
 
 Invariants:
 - positions: one seeded draw ranks the positions of every grid; fraction f replaces the round(f * N) first. The
@@ -40,6 +43,7 @@ from lantern.engine.neighbours import load_neighbours, read_codebook
 from lantern.engine.vq import load_vq
 from lantern.errors import UserError
 from lantern.io import atomic_path, load_torch, read_csv, read_structured
+from lantern.metrics.classifier import accuracy_se, load_classifier, predict
 from lantern.metrics.fidelity import FidelityParams, fid_feature_extractor
 from lantern.metrics.images import ImageSet
 from lantern.params import params_from
@@ -172,8 +176,10 @@ def strip(vq, tokens: Tensor, rank: Tensor, table: Tensor, random_codes: Tensor,
         save_image(make_grid(images.float() / 255, nrow=len(rows[0]), padding=2, pad_value=1.0), tmp, format="png")
 
 
-def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: ProximityParams, device) -> tuple:
-    """One row per (fraction, m), the noise reference, and the seeded draws (position ranks, random codes)."""
+def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: ProximityParams, device,
+            classifier=None) -> tuple:
+    """One row per (fraction, m), the noise reference, and the seeded draws (position ranks, random codes);
+    with a classifier, each row's class agreement with the unmodified decodes."""
     n, N = tokens.shape
     g = torch.Generator().manual_seed(p.seed)
     rank = torch.rand(n, N, generator=g).argsort(1).argsort(1)
@@ -182,6 +188,7 @@ def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: Proxi
     halves = torch.randperm(n, generator=g)
     orig = decode(vq, tokens, p.batch, device)
     f_orig = features(net, orig, fp, p.batch, device)
+    c_orig = None if classifier is None else predict(classifier, orig, p.batch)
     noise = frechet(f_orig[halves[: n // 2]], f_orig[halves[n // 2 : 2 * (n // 2)]])
     codebook = vq.quantize.codebook().detach().cpu().double()  # the vectors the decoder sees
     rows = []
@@ -196,8 +203,12 @@ def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: Proxi
                          "code_distance": moved.mean().item() if len(moved) else math.nan,
                          **shift(orig, mod, f_orig, features(net, mod, fp, p.batch, device)),
                          "fd_noise_halves": noise})
+            if classifier is not None:
+                agree, se = accuracy_se(predict(classifier, mod, p.batch) == c_orig)
+                rows[-1].update(class_agreement=agree, class_agreement_se=se)
             print(f"fraction {fraction:g}, m {m}: " + ", ".join(
-                f"{k} {rows[-1][k]:.4g}" for k in ("fd", "feature_cosine", "psnr", "mae")), flush=True)
+                f"{k} {rows[-1][k]:.4g}" for k in ("fd", "feature_cosine", "psnr", "mae", "class_agreement")
+                if k in rows[-1]), flush=True)
     return rows, rank, random_codes
 
 
@@ -228,6 +239,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--world", default="toy", help="world name written in the table's world column")
     ap.add_argument("--out", required=True, help="tidy CSV: world, fraction, m, fd, feature_cosine, psnr, ...")
     ap.add_argument("--strip", required=True, help="PNG: originals and their replaced versions, one row per m")
+    ap.add_argument("--classifier", default=None, help="`lantern train-classifier` checkpoint: also report how often a "
+                    "swap keeps the decode's predicted class (class_agreement)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     a = ap.parse_args(argv)
@@ -248,12 +261,13 @@ def main(argv: list[str]) -> None:
         raise UserError(f"--tokens grids have {tokens.shape[1]} tokens, not a square grid the VQ can decode")
     table, metric = check_table(a.neighbours, codebook, p.max_rank)
     net, sha = fid_feature_extractor(fp.extractor, fp.weights_path)  # a bad extractor fails before any decoding
+    classifier = None if a.classifier is None else load_classifier(a.classifier, str(device))
     vq = load_vq(a.vq, device=str(device))
     net = net.to(device).eval()
     tokens = tokens[: p.n_images]
     if len(tokens) < 4:
         raise UserError(f"--tokens hold {len(tokens)} grids; the FD noise reference needs at least 4")
-    rows, rank, random_codes = measure(vq, tokens, table, net, fp, p, device)
+    rows, rank, random_codes = measure(vq, tokens, table, net, fp, p, device, classifier)
     protocol = {"world": a.world, "extractor": fp.extractor, "extractor_sha256": sha, "neighbour_metric": metric,
                 "seed": p.seed, "strip_fraction": p.strip_fraction, "tokens_source": source}
     df = pd.DataFrame([{**protocol, **row} for row in rows])
