@@ -401,3 +401,16 @@ def test_dynamic_tree_is_eagle2_selection(trained):
         got.add(tuple(reversed(path)))
     assert got == want and draft.drafter_passes == tree.depth
     assert int(draft.depth.max()) == max(len(p) for p in want)
+
+
+@pytest.mark.parametrize("name", ["naive_extend_57", "twin_chain_8"])
+def test_fanout_is_the_most_children_at_each_depth(name):
+    """StaticTree.fanout, which bounds a sampled walk's tries per depth (batched_trees.walk), counted from the rank
+    paths: a node at depth d has as many children as paths extend it by one rank."""
+    from collections import Counter
+
+    tree = static_tree(name)
+    kids = Counter(tuple(p[:-1]) for p in tree.paths)
+    by_depth = [max((kids[tuple(p)] for p in [()] + [tuple(q) for q in tree.paths] if len(p) == d), default=0)
+                for d in range(tree.depth + 1)]
+    assert tree.fanout == by_depth and tree.fanout[-1] == 0

@@ -173,7 +173,9 @@ class TreeRounds(DrafterRounds):
             kids = kids.view(n, M + 1, C) if static else torch.stack(
                 [F.pad(d.kids, (0, C - d.kids.shape[1], 0, M + 1 - d.kids.shape[0]), value=-1) for d in drafts])
             ahead = Uniforms([im.generator for im in images], D * C + 1, device)
-            path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table, self.rule, D)
+            fanout = getattr(self.drafting, "fanout", None)  # a static shape's; a cut tree's nodes have no more
+            path, p, used = walk(P, q, X, ok, kids, q_row.view(n, M + 1), ahead.u, self.table, self.rule, D,
+                                 fanout)
             token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
         a = (path >= 0).sum(-1)
         seq = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])  # drafts, next
@@ -211,12 +213,13 @@ def settled(live: Tensor) -> bool:
 
 
 def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
-         rule: AcceptRule, D: int) -> tuple[Tensor, Tensor, Tensor]:
+         rule: AcceptRule, D: int, fanout: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """trees.accept_sampled for n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
     [n, rows, V] the drafter rows the children were drawn from (q_row [n, 1 + M] a node's row), X [n, M] tokens, ok
     [n, M] the children offered, kids [n, 1 + M, C] each node's children in order (-1: none), u [n, >= D C + 1]
     each image's uniforms (a visited node takes one per offered child, as accept_sampled draws them), D the deepest
-    node. From y, each visited node's children are tried in order (acceptance.verify_candidates: accept while u <
+    node; fanout (a static shape's, host ints) bounds the children tried at each depth, which spares a GPU the
+    steps no tree can take. From y, each visited node's children are tried in order (acceptance.verify_candidates: accept while u <
     min(1, p~(x) / q'(x)), residualising p and q after each rejection, siblings sharing a TV budget where the rule
     says so). Returns (the accepted nodes [n, D], -1 past the path; the next token's distribution [n, V]; the
     uniforms used [n], the next token's column)."""
@@ -238,7 +241,7 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
         budget = torch.full((n,), rule.delta, dtype=p.dtype, device=p.device) if shared else None
         rank = offered.long().cumsum(-1) - 1
         chosen = torch.full((n,), -1, dtype=torch.long, device=X.device)
-        for j in range(C):
+        for j in range(C if fanout is None else min(C, fanout[step] if step < len(fanout) else 0)):
             if settled(offered[:, j:] & (chosen < 0)[:, None]):
                 break
             live = offered[:, j] & (chosen < 0)

@@ -178,6 +178,10 @@ class StaticTree(TreeShape):
         self.parent, self.depths, self.anc, self.block = (dev[i] for i in (parent_t, depths_t, anc_t, block_t))
         self.levels = [_Level(**{k: dev[v] if k not in ("lo", "hi", "width") else v for k, v in lvl.items()})
                        for lvl in levels]
+        # the most children of any node at each depth (the root's first), 0 for the leaves' depth: a sampled walk
+        # down the tree tries at most this many children per step (batched_trees.walk)
+        self.fanout = [max(len(self.children[i + 1]) for i in range(self.n) if len(paths[i]) == d) if d else
+                       len(self.children[0]) for d in range(self.depth)] + [0]
         self._cut: dict[int, StaticTree] = {}
 
     def to(self, device) -> "StaticTree":
