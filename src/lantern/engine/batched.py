@@ -279,9 +279,11 @@ class ChainRounds(DrafterRounds):
         active = {im.index for im in images}
         wanted = dict(zip((im.index for im in images), self.g))
         lengths = [im.pend_emb.shape[1] if im.index in active else 0 for im in plan]
-        self.index, self.done, self.gs, done, starts, length, gs = to_device(
-            device, [im.index for im in images], [im.n for im in images], self.g, [im.n for im in plan],
-            [im.start for im in plan], lengths, [wanted.get(im.index, 0) for im in plan])
+        self.index, done, starts, pending, gs = to_device(
+            device, [im.index for im in images], [im.n for im in plan], [im.start for im in plan], lengths,
+            [wanted.get(im.index, 0) for im in plan])
+        # the active images' rows of the plan (static: the plan is every image, in index order)
+        self.done, self.gs = (done[self.index], gs[self.index]) if self.static else (done, gs)
         self.uniforms = None if params.greedy else Uniforms([im.generator for im in images], 2 * gamma + 1, device)
         u = None if params.greedy else self.uniforms.u
         self.rows = forward_rows_of(self.index, self.B, R)
@@ -292,10 +294,10 @@ class ChainRounds(DrafterRounds):
                 u = u.new_zeros(self.B, u.shape[1]).index_copy_(0, self.index, u)
         emb = pack([im.pend_emb[:, : n] for im, n in zip(plan, lengths)], S)
         hidden = pack([im.pend_h[:, : n] for im, n in zip(plan, lengths)], S)
-        pos, slots, visible = ragged(starts, length, S, R, self.drafter.cache_len)
+        pos, slots, visible = ragged(starts, pending, S, R, self.drafter.cache_len)
         step = compiled.compiled_step(chain_drafts, device) if self.static else chain_drafts
         X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
-                    (length - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
+                    (pending - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
         if self.static:
             X, q = X[self.index], q[self.index]
         for im, g in zip(images, self.g):
