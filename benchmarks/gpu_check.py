@@ -1,11 +1,12 @@
 """GPU acceptance check, for the day a CUDA device is at hand: one device, under 10 minutes, one CSV.
 
-    python benchmarks/gpu_check.py [--out gpu_check.csv] [--sizes GPT-B GPT-L GPT-XL] [--batch 1 8]
-        [--tokens 256] [--budget-s 420]
+    python benchmarks/gpu_check.py [--out gpu_check.csv] [--specs NAME ...] [--sizes GPT-B GPT-L GPT-XL]
+        [--batch 1 8] [--tokens 256] [--budget-s 420]
 
 1. compiled == eager: every decoder (plain AR and every drafting kind with the registry's rules) decodes a batch of
    a random toy-shaped target with compile on (CUDA graphs, engine/compiled.py) and off, sampling and greedy, from
-   the same generators; the tokens must be equal (exit status 1 if not).
+   the same generators; the tokens must be equal (exit status 1 if not). --specs narrows steps 1 and 2 to some
+   decoders (a short lease); --sizes with no name skips step 3.
 2. host syncs: torch.cuda.set_sync_debug_mode("warn") over one batch (B = 8, CFG, sampling) of every decoder
    (eager, so compilation does not count); the count of synchronizing CUDA calls and that count per round (target
    forwards after the prefill). CUDA reports the calls that block (.item(), .tolist(), nonzero, device->host
@@ -116,13 +117,14 @@ def batch(world: World, B: int, seed: int = 0):
     return cond, [image_generator(seed, i) for i in range(B)]
 
 
-def check_compiled_equals_eager(world: World, rows: list, smoke: bool) -> bool:
+def check_compiled_equals_eager(world: World, rows: list, smoke: bool, specs) -> bool:
     from lantern.engine.sampling import SamplingParams
 
     ok = True
     for mode, params in (("sampling", SamplingParams(cfg_scale=2.0)), ("greedy", SamplingParams(cfg_scale=2.0,
                                                                                                 greedy=True))):
-        for name, spec in SPECS.items():
+        for name in specs:
+            spec = SPECS[name]
             if smoke:  # inductor on a CPU takes minutes per shape: the smoke run checks the plumbing only
                 rows.append(row("compiled_equals_eager", name, mode=mode, note="not run (--smoke: no compile)"))
                 continue
@@ -150,12 +152,12 @@ def synchronizing_calls(run, world: World, B: int) -> tuple[int, list]:
     return sum("synchroniz" in str(w.message) for w in caught), stats
 
 
-def count_syncs(world: World, rows: list, smoke: bool) -> None:
+def count_syncs(world: World, rows: list, smoke: bool, specs) -> None:
     from lantern.engine.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0)
-    for name, spec in SPECS.items():
-        run = world.decoder(spec, params, False)
+    for name in specs:
+        run = world.decoder(SPECS[name], params, False)
         run(*batch(world, 8))  # warm-up: first-call allocations and lazy initialisation are not the loop's
         if smoke:
             rows.append(row("host_syncs_per_round", name, batch=8, note="not run (--smoke: CUDA's sync debug mode)"))
@@ -239,7 +241,10 @@ def row(check: str, name: str, batch: int | None = None, mode: str = "", value=N
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.csv")
-    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=list(SPECS),
+                    help="decoders of the compiled == eager and host-sync checks (default: all)")
+    ap.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES),
+                    help="latency shapes (none: no latency rows)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=256, help="image tokens of the latency models (a square)")
     ap.add_argument("--budget-s", type=float, default=420.0,
@@ -265,8 +270,8 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
         world = World(check_args, device, torch.float32, Path(folder))
-        ok = check_compiled_equals_eager(world, rows, a.smoke)
-        count_syncs(world, rows, a.smoke)
+        ok = check_compiled_equals_eager(world, rows, a.smoke, a.specs)
+        count_syncs(world, rows, a.smoke, a.specs)
         del world
     latency(args_of, a.sizes, a.batch, a, rows, device, dtype, started)
     rows.append(row("wall_s", "gpu_check", value=round(time.perf_counter() - started, 1), unit="s",

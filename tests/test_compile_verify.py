@@ -124,3 +124,22 @@ def test_kept_drafter_cache_is_the_same_buffers_in_a_fresh_state():
     assert torch.equal(kept, drafter.cache_key_valid)
     assert not kept.all()  # the mask really hides padded caption positions
     drafter.clear_cache()
+
+
+def test_compiled_draws_run_atens_cumsum_and_equal_eager_draws():
+    """Inside a compiled graph the CDFs (the draw's float64 one, top-p's) are one opaque op running ATen's cumsum:
+    inductor's split scan of 8 x 16384 float64 rows failed to generate code on CUDA (torch 2.11). Draws through
+    inductor equal eager draws."""
+    from lantern.engine.sampling import draw, logits_to_probs
+
+    params = SamplingParams(top_p=0.9)
+    fn = lambda logits, u: draw(logits_to_probs(logits, params), u)  # noqa: E731
+    graphs = []
+    capture = lambda gm, inputs: graphs.append(gm) or gm.forward  # noqa: E731
+    logits = torch.randn(8, 16384, generator=torch.Generator().manual_seed(0)) * 3
+    u = torch.rand(8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.compile(fn, backend=capture, fullgraph=True)(logits, u)
+    ops = [node.target for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert ops.count(torch.ops.lantern.cumsum_last.default) == 2
+    assert torch.ops.aten.cumsum.default not in ops and torch.cumsum not in ops
+    assert torch.equal(torch.compile(fn, fullgraph=True, dynamic=False)(logits, u), fn(logits, u))

@@ -33,3 +33,13 @@ def test_smoke_run_writes_every_row(tmp_path):
     timed = [r for r in rows if r["check"] in ("plain_ar_ms_per_token", "upstream_ar_ms_per_token", "chain_round_ms")]
     assert len(timed) == 6 and all(float(r["value"]) > 0 for r in timed)
     assert {r["batch"] for r in timed} == {"1", "2"}
+
+
+def test_specs_narrow_the_checks_and_no_sizes_skip_latency(tmp_path):
+    gpu_check = benchmark_script("gpu_check")
+    out = tmp_path / "c.csv"
+    assert gpu_check.main(["--smoke", "--out", str(out), "--specs", "vanilla", "chain-exact", "--sizes"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert {r["name"] for r in rows if r["check"] == "compiled_equals_eager"} == {"vanilla", "chain-exact"}
+    assert {r["name"] for r in rows if r["check"] == "host_syncs_per_round"} == {"vanilla", "chain-exact"}
+    assert {r["check"] for r in rows} == {"compiled_equals_eager", "host_syncs_per_round", "wall_s"}
