@@ -7,7 +7,8 @@ by chi-square against p~, and TV(emitted, p) <= delta is checked on cases where 
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
+from lantern.engine.acceptance import (AcceptRule, accept_probability, greedy_accept, residual, residual_rows,
+                                       verify_candidates)
 from lantern.engine.methods import normalize, rule as build_rule
 from lantern.engine.retarget import RetargetRule, live_edges, neighbour_edges, retarget
 from tiny import sample_index
@@ -61,7 +62,9 @@ def test_retarget_keeps_its_invariants(seed):
     assert overlap(pt, q) >= overlap(p, q)
 
 
-def test_batched_residuals_are_the_row_by_row_residuals():
+def test_the_chains_batched_residual_is_the_row_by_row_residual():
+    """accept_chains retargets once and takes the exact rule's batched residual on the relaxed target: the
+    residual `RetargetRule.residual` gives row by row."""
     g = torch.Generator().manual_seed(7)
     V, k, n = 24, 3, 6
     table = rand_table(g, V)
@@ -69,7 +72,7 @@ def test_batched_residuals_are_the_row_by_row_residuals():
     q = torch.stack([rand_dist(g, V, zeros=i % 3) for i in range(n)])
     x = torch.stack([torch.multinomial(q[i], 1, generator=g)[0] for i in range(n)])
     impl = RetargetRule(0.3, k)
-    rows = impl.residual_rows(p, q, x, table)
+    rows = residual_rows(impl.target(p, q, table), q, x, torch.zeros_like(x), table, AcceptRule("exact"))
     for i in range(n):
         torch.testing.assert_close(rows[i], impl.residual(p[i], q[i], int(x[i]), 0, table), rtol=0, atol=1e-15)
         assert rows[i][x[i]] == 0 and rows[i].sum().item() == pytest.approx(1.0, abs=1e-12)

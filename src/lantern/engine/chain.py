@@ -53,8 +53,8 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
     tried drafts' at columns tried_from[i] + j (default g[i]: after the drafts' own) and the next token's at
     tried_from[i] + tries. Returns (accepted lengths a [n],
     next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
-    but for rules with their own residual and no batched one (rule.impl without residual_rows: Cool-SD, GSD),
-    which take it row by row."""
+    but for rules with their own residual (Cool-SD, GSD), which take it row by row. A rule with its own relaxed
+    target (LANTERN-TV) is verified exactly against that target, computed once."""
     n, G = X.shape
     j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
     tried_from = g if tried_from is None else tried_from
@@ -62,7 +62,12 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
     if params.greedy:
         ok = greedy_accept(P[:, :G], X, table, rule) & valid
     else:
-        A, _, M = accept_probability(P[:, :G], q, X, table, rule)
+        verified = P[:, :G]
+        if hasattr(rule.impl, "target"):
+            # a rule that verifies exactly against its own relaxed target (LANTERN-TV): that target is computed
+            # once, for the acceptance and for the residual at the first rejection alike
+            verified, rule = rule.impl.target(verified, q, table), AcceptRule("exact")
+        A, _, M = accept_probability(verified, q, X, table, rule)
         ok = (u.gather(1, tried_from[:, None] + j) < A) & valid
     a = ok.long().cumprod(-1).sum(-1)
     p = P[rows, a]
@@ -70,10 +75,8 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
         return a, p.argmax(-1)
     at = a.clamp(max=G - 1)  # the first rejected draft (a row that accepted all of them ignores it)
     rejected = a < g
-    if rule.impl is None or hasattr(rule.impl, "residual_rows"):
-        args = P[rows, at], q[rows, at], X[rows, at]
-        res = (residual_rows(*args, M[rows, at], table, rule) if rule.impl is None
-               else rule.impl.residual_rows(*args, table))
+    if rule.impl is None:
+        res = residual_rows(verified[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
         p = torch.where(rejected[:, None], res, p)
     else:
         read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()

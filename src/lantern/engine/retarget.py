@@ -184,14 +184,6 @@ class RetargetRule:
         total = r.sum()
         return r / total if total > 0 else pt / pt.sum()
 
-    def residual_rows(self, p: Tensor, q: Tensor, x: Tensor, table: Tensor | None) -> Tensor:
-        """`residual` for n sampled drafts at once (p, q [n, V], x [n]): one retarget over the n rows, no host
-        read (row by row, a chain's residuals cost a LANTERN-TV job as much as its acceptance)."""
-        pt = self.target(p, q, table)
-        r = (pt - q).clamp(min=0.0).scatter(-1, x[:, None], 0.0)
-        total = r.sum(-1, keepdim=True)
-        return torch.where(total > 0, r / total, pt / pt.sum(-1, keepdim=True))
-
     def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
         pt = self.target(p, _indicator(p, candidates) if q is None else q, table)
         return verify_candidates(pt, q, candidates, None, AcceptRule("exact"), uniforms)
