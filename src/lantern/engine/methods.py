@@ -153,13 +153,13 @@ GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors'
 
 
 def _check_tree(value, where: str):
-    from lantern.engine.trees import SHAPES
+    from lantern.engine.tree_shapes import SHAPES
 
     if isinstance(value, str):
         if value not in SHAPES:
             raise UserError(f"{where} = {value!r} is not a static tree; use {', '.join(SHAPES)} or a list of rank paths")
         return value
-    from lantern.engine.trees import validate_tree_paths
+    from lantern.engine.tree_shapes import validate_tree_paths
 
     try:
         return [list(p) for p in validate_tree_paths(value)]

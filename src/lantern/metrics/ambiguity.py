@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from lantern.engine.checkpoint import load_gpt
 from lantern.params import params_from
 from lantern.errors import UserError
+from lantern.hparams import AmbiguityParams
 from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.io import atomic_path, read_structured, write_json
@@ -31,30 +31,6 @@ from lantern.worlds.toy.train_gpt import load_tokens, validation_loss
 from lantern.worlds.toy.train_vq import set_threads
 
 LOW_TOP1 = 0.2  # the paper's notion of a flat step: no token above 20 %
-
-
-@dataclass
-class AmbiguityParams:
-    cfg_scales: list[float] = field(default_factory=lambda: [1.0, 2.0])
-    n_samples: int = 256  # own samples per CFG scale; labels cycle through the classes
-    n_heldout: int = 512  # held-out images, teacher-forced
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    batch: int = 64
-    seed: int = 0
-    n_class_probe: int = 256  # held-out images the target classifies by its likelihoods (--stats-out; 0: skip)
-
-    def __post_init__(self):
-        if not self.cfg_scales or any(s < 1 for s in self.cfg_scales):
-            raise UserError(f"cfg_scales must be a non-empty list of numbers >= 1, got {self.cfg_scales}")
-        if self.n_samples < 0 or self.n_heldout < 0 or self.n_samples + self.n_heldout == 0:
-            raise UserError("n_samples and n_heldout must be >= 0 and not both 0")
-        if self.n_class_probe < 0:
-            raise UserError(f"n_class_probe must be >= 0 (held-out images; 0: skip), got {self.n_class_probe}")
-
-    def sampling(self, cfg: float) -> SamplingParams:
-        return SamplingParams(cfg_scale=cfg, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 
 @torch.no_grad()

@@ -27,11 +27,10 @@ import torch.nn.functional as F  # noqa: E402
 import torchvision.transforms.functional as TF  # noqa: E402
 from torch_fidelity import FeatureExtractorBase  # noqa: E402
 
-from lantern.worlds.toy.data import CLASS_NAMES  # noqa: E402
+from lantern.hparams import CLASS_NAMES, PROMPT_PREFIX  # noqa: E402
 from lantern.errors import UserError  # noqa: E402
 from lantern.metrics.captions import name_caption  # noqa: E402
 
-PROMPT_PREFIX = "A photo depicts "
 
 
 @dataclass

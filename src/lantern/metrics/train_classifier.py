@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,36 +21,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lantern.errors import UserError
+from lantern.hparams import ClassifierParams
 from lantern.io import read_structured, write_json
 from lantern.metrics.classifier import ToyClassifier, load_classifier, predict, save_classifier
-from lantern.params import check_threads, params_from
+from lantern.params import params_from
 from lantern.worlds.toy.data import load_data, reconstruct
-
-
-@dataclass
-class ClassifierParams:
-    # defaults chosen on the default toy world (held-out accuracy on originals / VQ reconstructions, trial runs of
-    # this recipe on a GPU): width 16 x 2000 steps at lr 3e-3 reached 0.90 / 0.71, width 32 x 2000 0.95 / 0.78,
-    # width 24 x 3000 at lr 1e-2 with recon_prob 0.25 0.96 / 0.77 (the shipped CPU run of these defaults: 0.947 /
-    # 0.760); recon_prob 0 gave 0.95 / 0.55. The VQ's 8 x 8 tokens lose outlines: reconstructions cap the
-    # accuracy, not the classifier's size
-    width: int = 24  # channels of the first block (x2, x4 after)
-    steps: int = 3000
-    batch_size: int = 128
-    lr: float = 1e-2  # AdamW, linear warm-up then cosine decay
-    warmup_steps: int = 50
-    weight_decay: float = 1e-4
-    recon_prob: float = 0.25  # chance that a training image is replaced by its VQ reconstruction (needs --vq)
-    eval_every: int = 250  # steps between held-out checks in the history
-    seed: int = 0
-    threads: int = 0  # torch CPU threads (0: torch's default)
-
-    def __post_init__(self):
-        check_threads(self.threads, "train-classifier")
-        if self.width < 1 or self.steps < 1 or self.batch_size < 2 or self.eval_every < 1:
-            raise UserError("train-classifier needs width >= 1, steps >= 1, batch_size >= 2 and eval_every >= 1")
-        if not 0 <= self.recon_prob <= 1:
-            raise UserError(f"train-classifier recon_prob = {self.recon_prob} must be in [0, 1]")
 
 
 def accuracy(net: ToyClassifier, images: torch.Tensor, labels: torch.Tensor) -> float:

@@ -15,7 +15,6 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import open_clip
@@ -25,46 +24,10 @@ from tqdm import tqdm
 
 from lantern.worlds.toy.data import load_data, reconstruct
 from lantern.errors import UserError
+from lantern.hparams import TrainClipParams
 from lantern.io import atomic_path, read_structured, save_torch, write_json
-from lantern.metrics.clip import PROMPT_PREFIX, Preprocess, class_caption, config_path, load_clip
-from lantern.params import check_threads, params_from
-
-
-@dataclass
-class TrainClipParams:
-    # architecture: open_clip CLIP, ViT image tower, transformer text tower (BPE vocabulary of open_clip)
-    # (a ResNet tower learnt shapes faster than a ViT of similar cost: class-caption accuracy 18 % vs 9 % at 600 steps)
-    embed_dim: int = 64
-    image_tower: str = "resnet"  # "resnet" (open_clip ModifiedResNet, 4 stages) or "vit"
-    patch_size: int = 4  # vit only
-    vision_width: int = 16
-    vision_layers: int = 1  # resnet: bottleneck blocks per stage; vit: transformer blocks
-    text_width: int = 64
-    text_layers: int = 2
-    head_width: int = 32
-    context_length: int = 32  # toy captions with the prefix take <= 20 tokens
-    # training
-    steps: int = 600
-    batch_size: int = 128
-    lr: float = 2e-3
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    recon_prob: float = 0.5  # chance that a training image is replaced by its VQ reconstruction (needs --vq)
-    class_caption_prob: float = 0.3  # chance that a caption is replaced by the class-only caption
-    n_val: int = 500  # last n_val images of --data are held out for the retrieval check
-    prompt_prefix: str = PROMPT_PREFIX
-    seed: int = 0
-    threads: int = 0  # torch CPU threads (0: torch's default)
-
-    def __post_init__(self):
-        check_threads(self.threads, "train-clip")
-        if self.steps < 1 or self.batch_size < 2 or self.n_val < 0:
-            raise UserError("train-clip needs steps >= 1, batch_size >= 2 and n_val >= 0")
-        if not (0 <= self.recon_prob <= 1 and 0 <= self.class_caption_prob <= 1):
-            raise UserError("train-clip recon_prob and class_caption_prob must be in [0, 1]")
-        if self.text_width % self.head_width or (self.image_tower == "vit" and self.vision_width % self.head_width):
-            raise UserError(f"train-clip text_width (and vision_width of a vit) must be multiples of "
-                            f"head_width={self.head_width}")
+from lantern.metrics.clip import Preprocess, class_caption, config_path, load_clip
+from lantern.params import params_from
 
 
 def model_config(p: TrainClipParams, image_size: int) -> dict:

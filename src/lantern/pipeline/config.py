@@ -90,7 +90,7 @@ def codebook_size(cfg: dict) -> int:
             return int(read_codebook(cfg["llamagen"]["vq_ckpt"]).shape[0])
         except UserError as e:
             raise UserError(f"config: llamagen.vq_ckpt: {e}") from None
-    from lantern.worlds.toy.train_vq import VQParams
+    from lantern.hparams import VQParams
 
     return int(cfg["toy"]["vq"].get("codebook_size", VQParams().codebook_size))
 
@@ -254,6 +254,8 @@ def _check_table_width(cfg: dict, points: dict[str, dict]) -> None:
 
     max_k = cfg["neighbours"]["max_k"]
     for name, spec in points.items():
+        if spec.get("k", 0) + 1 <= max_k:  # no rule reads more than k + 1 columns: no need to build it (torch)
+            continue
         width = rule(spec).table_width if spec.get("k") else 0
         if width > max_k:
             raise UserError(f"config: sweep point {name} reads the {width} nearest codes (the reference residual "
@@ -431,14 +433,9 @@ def _check_toy_params(cfg: dict) -> None:
     value fails here, before any job, and not when the training or report job starts."""
     if cfg["world"] != "toy":
         return
-    from lantern.metrics.ambiguity import AmbiguityParams
-    from lantern.metrics.train_classifier import ClassifierParams
-    from lantern.metrics.train_clip import TrainClipParams
+    from lantern.hparams import (AmbiguityParams, ClassifierParams, DataParams, DrafterParams, GPTParams,
+                                 TrainClipParams, VQParams)
     from lantern.params import params_from
-    from lantern.pipeline.train_drafter import DrafterParams
-    from lantern.worlds.toy.data import DataParams
-    from lantern.worlds.toy.train_gpt import GPTParams
-    from lantern.worlds.toy.train_vq import VQParams
 
     worlds = ("default", "clean") if cfg["toy"]["clean_world"] else ("default",)
     groups = [(f"toy.{key}" if world == "default" else f"toy.{key} (with toy.clean_{key}, clean world)", cls, get(cfg, world))
@@ -497,7 +494,7 @@ def target_params(cfg: dict, world: str = "default") -> dict:
     """`lantern train-gpt --params` of a toy world: toy.target, with toy.clean_target over it for the clean world
     (less extra_images, which sizes the target's data, not its model), and the data's class count: a target with
     more classes than its data would sample, and be asked for, classes it never saw."""
-    from lantern.worlds.toy.data import DataParams
+    from lantern.hparams import DataParams
 
     params = {k: v for k, v in _world_params(cfg, "target", world).items() if k != "extra_images"}
     classes = data_params(cfg, world).get("num_classes", DataParams.num_classes)

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.params import check_threads, params_from
+from lantern.hparams import DrafterParams
+from lantern.params import params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT
 
@@ -32,53 +32,6 @@ from lantern.engine.drafter import Drafter, save_drafter, target_states
 
 
 # -- training -----------------------------------------------------------------------------------------------------
-@dataclass
-class DrafterParams:
-    data: str = "real"  # real: teacher-forced on --tokens; self: on the target's own samples; both
-    n_self: int = 0  # self-generated sequences (data self / both)
-    self_sampling: dict = field(default_factory=dict)  # SamplingParams for the self-generated sequences
-    epochs: int = 20
-    batch_size: int = 32
-    lr: float = 1e-4
-    # constant: lr throughout; cosine: from lr down to lr * lr_floor over the run's optimizer steps, so the last
-    # epochs refine rather than hop (the step's lr is a function of the step: a resumed run follows the same curve)
-    lr_schedule: str = "constant"
-    lr_floor: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5  # clip each gradient value to [-0.5, 0.5] (EAGLE)
-    ce_weight: float = 0.1
-    hidden_noise: float = 0.1  # uniform noise in [-a, a] on the input hidden states
-    val_frac: float = 0.05
-    max_sequences: int = 0  # 0: all
-    seed: int = 0
-    threads: int = 0
-    # optimizer steps between resume checkpoints (<out>.resume.pt, deleted once the drafter is written): a retried
-    # job goes on from the last one with the same final weights; 0: none
-    checkpoint_every: int = 1000
-
-    def __post_init__(self):
-        self.betas = tuple(self.betas)
-        check_threads(self.threads, "drafter")
-        every = self.checkpoint_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise UserError(f"drafter checkpoint_every={every!r} must be an integer >= 0 (optimizer steps; 0: none)")
-        if self.data not in ("real", "self", "both"):
-            raise UserError(f"drafter data must be real, self or both; got {self.data!r}")
-        if self.data != "real" and self.n_self < 1:
-            raise UserError(f"drafter data {self.data} needs n_self >= 1 self-generated sequences")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise UserError(f"drafter lr_schedule must be constant or cosine; got {self.lr_schedule!r}")
-        if not 0 <= self.lr_floor <= 1:
-            raise UserError(f"drafter lr_floor={self.lr_floor} must lie in [0, 1] (a fraction of lr)")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise UserError("drafter epochs, batch_size and lr must be positive")
-        if not 0 < self.val_frac < 1:
-            raise UserError(f"drafter val_frac={self.val_frac} must lie in (0, 1)")
-        if len(self.betas) != 2 or self.grad_clip <= 0 or self.hidden_noise < 0 or self.ce_weight < 0:
-            raise UserError("drafter betas must be two numbers, grad_clip > 0, hidden_noise and ce_weight >= 0")
-
-
 def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, noise: float = 0.0,
                    cond_mask: Tensor | None = None) -> dict[str, Tensor]:
     """Losses over the image-predicting drafter positions, plus agreement metrics (no grad through the target)."""

@@ -12,22 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lantern.errors import UserError
+from lantern.hparams import CLASS_NAMES, DataParams  # noqa: F401 (CLASS_NAMES: read from here by the toy modules)
 from lantern.params import params_from
 from lantern.io import load_torch, read_structured, save_torch
 
-# Ordered most distinct first, so that a world of the first n classes is as separable as n classes can be at
-# 8 x 8 tokens: the order greedily adds the class that keeps a 16-class target's Bayes accuracy highest (issue #31).
-CLASS_NAMES = (
-    "circle", "triangle", "star", "ring", "L-shape", "frame", "cross", "square",
-    "ellipse", "arrow", "crescent", "pentagon", "hexagon", "heart", "T-shape", "semicircle",
-)
 
 # name -> RGB in [0, 1]; shapes and backgrounds draw from the same palette, never the same colour twice per image
 COLOURS = {
@@ -39,31 +33,6 @@ COLOURS = {
 COLOUR_NAMES = tuple(COLOURS)
 PALETTE = torch.tensor([COLOURS[c] for c in COLOUR_NAMES])
 SUPERSAMPLE = 2  # shapes are rasterised at 2x and box-filtered, so edges are anti-aliased
-
-
-@dataclass
-class DataParams:
-    image_size: int = 32
-    num_classes: int = 16
-    min_size: float = 0.20         # shape radius as a fraction of the image side
-    max_size: float = 0.38
-    colour_jitter: float = 0.06    # per-channel uniform jitter of the shape colour
-    background_gradient: bool = True   # False: one flat background colour
-    background_dim: float = 0.75   # backgrounds are dimmed towards grey so the shape stands out
-    texture_amplitude: float = 0.12    # sinusoidal stripes on the background (0: none)
-    min_stripes: float = 2.0       # stripe frequency range, cycles per image side
-    max_stripes: float = 6.0
-    noise_sigma: float = 0.04      # Gaussian pixel noise on the whole image (0: none)
-
-    def __post_init__(self):
-        if self.image_size < 8:
-            raise UserError(f"data image_size must be >= 8, got {self.image_size}")
-        if not 1 <= self.num_classes <= len(CLASS_NAMES):
-            raise UserError(f"data num_classes must be in 1..{len(CLASS_NAMES)}, got {self.num_classes}")
-        if not 0 < self.min_size <= self.max_size <= 0.5:
-            raise UserError(f"data sizes need 0 < min_size <= max_size <= 0.5, got {self.min_size}, {self.max_size}")
-        if self.texture_amplitude < 0 or self.noise_sigma < 0 or self.colour_jitter < 0:
-            raise UserError("data texture_amplitude, noise_sigma and colour_jitter must be >= 0")
 
 
 def _draw(seed: int, index: int, params: DataParams) -> tuple[np.ndarray, np.ndarray]:

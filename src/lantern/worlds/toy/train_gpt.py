@@ -13,7 +13,6 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,51 +22,10 @@ from tqdm import tqdm
 from lantern.engine.checkpoint import save_checkpoint
 from lantern.params import params_from
 from lantern.errors import UserError
+from lantern.hparams import GPTParams
 from lantern.io import load_torch, read_resume, read_structured, save_torch, write_json
 from lantern.engine.model import GPT, ModelArgs, num_params
 from lantern.worlds.toy.train_vq import cosine_lr, set_threads, sidecar
-
-
-@dataclass
-class GPTParams:
-    # model (the default is >= 1M parameters: expensive enough per forward that speculative decoding pays off on
-    # a CPU; smoke preset: dim 64, n_layer 2, n_head 2)
-    dim: int = 128
-    n_layer: int = 6
-    n_head: int = 4
-    multiple_of: int = 64
-    num_classes: int = 16
-    class_dropout_prob: float = 0.1
-    # training
-    steps: int = 1500
-    batch_size: int = 64
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    eval_every: int = 250
-    eval_batch: int = 256
-    seed: int = 0
-    # optimizer steps between resume checkpoints (<out>.resume.pt, deleted once the target is written): a killed or
-    # retried job resumes there and ends with the weights of an uninterrupted run (same machine and thread count)
-    checkpoint_every: int = 500
-
-    def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1:
-            raise UserError(f"GPTParams steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
-                or self.checkpoint_every < 0:
-            raise UserError(f"GPTParams checkpoint_every={self.checkpoint_every!r} must be an integer >= 0 "
-                            "(optimizer steps; 0: none)")
-        if not 0 <= self.class_dropout_prob < 1:
-            raise UserError(f"GPTParams class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
-
-    def model_args(self, vocab_size: int, image_tokens: int) -> ModelArgs:
-        return ModelArgs(dim=self.dim, n_layer=self.n_layer, n_head=self.n_head, vocab_size=vocab_size,
-                         num_classes=self.num_classes, image_tokens=image_tokens, multiple_of=self.multiple_of,
-                         class_dropout_prob=self.class_dropout_prob)
 
 
 def load_tokens(path: str | Path, what: str) -> dict:

@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,47 +21,9 @@ from lantern.engine.checkpoint import save_checkpoint
 from lantern.params import params_from
 from lantern.worlds.toy.data import load_data, to_unit
 from lantern.errors import UserError
+from lantern.hparams import VQParams
 from lantern.io import read_structured, write_json
 from lantern.engine.vq import VQArgs, VQModel
-
-
-@dataclass
-class VQParams:
-    # model (VQArgs fields; defaults are the toy world's: 32 px -> 8 x 8 tokens, 512 codes of dim 8)
-    codebook_size: int = 512
-    codebook_embed_dim: int = 8
-    ch: int = 32
-    ch_mult: tuple[int, ...] = (1, 1, 2)
-    z_channels: int = 64
-    enc_res_blocks: tuple[int, ...] = (0, 1, 2)  # none at full resolution: 3x3 convs there dominate CPU time
-    dec_res_blocks: tuple[int, ...] = (2, 2, 0)
-    norm_groups: int = 8
-    commit_beta: float = 0.25
-    # training
-    steps: int = 800
-    batch_size: int = 32  # more small steps beat fewer big ones at equal compute (probe: 400 x 32 > 200 x 64)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 30
-    weight_decay: float = 0.0
-    l1_weight: float = 0.0
-    restart_every: int = 50  # 0: no dead-code restarts
-    restart_until: float = 0.8  # fraction of training after which codes are left alone to settle
-    eval_batch: int = 256
-    seed: int = 0
-
-    def vq_args(self) -> VQArgs:
-        names = {f.name for f in dataclasses.fields(VQArgs)}
-        try:
-            return VQArgs(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
-        except ValueError as e:
-            raise UserError(f"VQ model config: {e}") from None
-
-    def __post_init__(self):
-        if self.steps < 1 or self.batch_size < 1:
-            raise UserError(f"VQParams steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
-        if self.codebook_size < 2:
-            raise UserError(f"VQParams codebook_size must be >= 2, got {self.codebook_size}")
 
 
 def cosine_lr(step: int, total: int, lr: float, warmup: int, min_ratio: float) -> float:
