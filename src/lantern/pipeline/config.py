@@ -254,9 +254,11 @@ def _check_table_width(cfg: dict, points: dict[str, dict]) -> None:
 
     max_k = cfg["neighbours"]["max_k"]
     for name, spec in points.items():
-        if spec.get("k", 0) + 1 <= max_k:  # no rule reads more than k + 1 columns: no need to build it (torch)
+        # only the reference residual reads beyond k (expanding the grid checked k <= max_k): other points need not
+        # build their rule, which would import torch
+        if spec.get("residual") != "reference" or spec["k"] + 1 <= max_k:
             continue
-        width = rule(spec).table_width if spec.get("k") else 0
+        width = rule(spec).table_width
         if width > max_k:
             raise UserError(f"config: sweep point {name} reads the {width} nearest codes (the reference residual "
                             f"zeroes k + 1 = {width}), but neighbours.max_k = {max_k}; set neighbours.max_k: {width}")
