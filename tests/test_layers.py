@@ -1,10 +1,11 @@
 """The package's layers point one way and its modules import no cycle (read from the source, imports inside
-functions included): errors / io / params <- engine <- worlds <- metrics <- pipeline <- figures."""
+functions included): errors / io / params <- engine <- hparams <- worlds <- metrics <- pipeline <- figures
+(hparams: the jobs' hyperparameter classes, whose helpers build engine objects)."""
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lantern"
-LAYERS = ["errors", "io", "params", "engine", "worlds", "metrics", "pipeline", "figures"]
+LAYERS = ["errors", "io", "params", "engine", "hparams", "worlds", "metrics", "pipeline", "figures"]
 
 
 def module_name(path: Path) -> str:
