@@ -92,25 +92,43 @@ def test_retarget_spends_the_budget_or_the_capacity_by_hand():
                                                                (0, 2), (1, 3)])
 
 
-@pytest.mark.parametrize("B, k", [(1, 1), (3, 4), (5, 9)])
-def test_live_edges_are_the_surplus_to_deficit_edges_in_order(B, k):
-    """live_edges equals filtering every row's neighbour_edges by (surplus at src, deficit at dst), in that order:
-    the order fixes retarget's float64 sums, so the shortcut leaves every p~ bit-identical."""
+@pytest.mark.parametrize("B, k, sources", [(1, 1, 12), (3, 4, 3), (5, 9, 1)])
+def test_live_edges_run_from_the_largest_surpluses_into_deficits_in_order(B, k, sources):
+    """live_edges lists, row by row and source by decreasing surplus, every neighbour_edges edge out of one of the
+    row's `sources` largest surpluses into a deficit, in neighbour_edges' order: the order fixes retarget's float64
+    sums."""
     g = torch.Generator().manual_seed(B * 10 + k)
     V = 12
     table = rand_table(g, V)
-    surplus = torch.rand(B, V, generator=g) < 0.4
-    deficit = ~surplus & (torch.rand(B, V, generator=g) < 0.7)
+    give = torch.rand(B, V, generator=g, dtype=F64) * (torch.rand(B, V, generator=g) < 0.4)
+    take = torch.rand(B, V, generator=g, dtype=F64) * ((give == 0) & (torch.rand(B, V, generator=g) < 0.7))
     src, dst = neighbour_edges(table, k)
-    want = [(b, b * V + s, b * V + d) for b in range(B) for s, d in zip(src.tolist(), dst.tolist())
-            if surplus[b, s] and deficit[b, d]]
-    row, fsrc, fdst = live_edges(surplus, deficit, table, k)
+    want = []
+    for b in range(B):
+        order = sorted((c for c in range(V) if give[b, c] > 0), key=lambda c: -give[b, c].item())[:sources]
+        want += [(b, b * V + s, b * V + d) for a in order for s, d in zip(src.tolist(), dst.tolist())
+                 if s == a and take[b, d] > 0]
+    row, fsrc, fdst = live_edges(give, take, table, k, sources)
     assert list(zip(row.tolist(), fsrc.tolist(), fdst.tolist())) == want and want
 
 
-def test_neighbour_index_is_built_once_per_table_and_k():
-    """LANTERN-TV's edges are not rebuilt per call: one int64 index per (table object, k), dropped when the table
-    is edited in place or gone; results are bit-identical to a first call on a fresh copy of the table."""
+def test_only_the_largest_surpluses_give():
+    """sources = 1: the mass leaves the largest surplus alone; sources >= V is the full flow, where each code
+    gives in proportion to its neighbours' deficits."""
+    p = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.1], dtype=F64)
+    q = torch.tensor([0.1, 0.1, 0.1, 0.35, 0.35], dtype=F64)
+    table = torch.tensor([[3, 4, 1, 2], [4, 3, 0, 2], [0, 1, 3, 4], [0, 1, 2, 4], [1, 0, 2, 3]])
+    one = retarget(p, q, table, 1, 0.2, sources=1)  # 0 -> 3 only
+    assert one.tolist() == pytest.approx([0.2, 0.3, 0.1, 0.3, 0.1])
+    full = retarget(p, q, table, 1, 0.2)  # 0 -> 3 (0.25, 3's deficit) and 1 -> 4 (0.2), scaled into the budget
+    s = 0.2 / 0.45
+    assert full.tolist() == pytest.approx([0.4 - 0.25 * s, 0.3 - 0.2 * s, 0.1, 0.1 + 0.25 * s, 0.1 + 0.2 * s])
+    assert torch.equal(retarget(p, q, table, 1, 0.2, sources=5), full)
+
+
+def test_neighbour_csr_is_built_once_per_table_and_k():
+    """LANTERN-TV's edges are not rebuilt per call: one CSR per (table object, k), dropped when the table is edited
+    in place or gone; results are bit-identical to a first call on a fresh copy of the table."""
     import gc
 
     from lantern.engine import retarget as module
@@ -120,19 +138,26 @@ def test_neighbour_index_is_built_once_per_table_and_k():
     table = rand_table(g, V)
     p = torch.stack([rand_dist(g, V) for _ in range(3)])
     q = torch.stack([rand_dist(g, V, zeros=2) for _ in range(3)])
-    first = module.neighbour_index(table, k)
-    assert module.neighbour_index(table, k) is first and module.neighbour_index(table, 2) is not first
-    assert torch.equal(first, table[:, :k].reshape(-1).long())
+
+    def edges(csr):
+        start, adj = csr
+        return [(a, int(b)) for a in range(V) for b in adj[start[a]:start[a + 1]]]
+
+    first = module.neighbour_csr(table, k)
+    assert module.neighbour_csr(table, k) is first and module.neighbour_csr(table, 2) is not first
+    src, dst = neighbour_edges(table, k)
+    assert edges(first) == sorted(zip(src.tolist(), dst.tolist()), key=lambda e: e[0])  # stable: each list in order
     want = retarget(p, q, table.clone(), k, 0.2)  # a new table object: built afresh
     assert all(torch.equal(retarget(p, q, table, k, 0.2), want) for _ in range(3))
-    assert module.neighbour_index(table, k) is first  # the calls above reused it
+    assert module.neighbour_csr(table, k) is first  # the calls above reused it
     table[0] = table[0].flip(0)  # edited in place: rebuilt
-    assert torch.equal(module.neighbour_index(table, k), table[:, :k].reshape(-1).long())
+    src, dst = neighbour_edges(table, k)
+    assert edges(module.neighbour_csr(table, k)) == sorted(zip(src.tolist(), dst.tolist()), key=lambda e: e[0])
     del table
     gc.collect()
     other = rand_table(g, V)
-    module.neighbour_index(other, k)
-    assert all(ref() is not None for ref, _, _ in module._INDEX.values())  # entries of dead tables pruned
+    module.neighbour_csr(other, k)
+    assert all(ref() is not None for ref, _, _ in module._CSR.values())  # entries of dead tables pruned
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -16,9 +16,14 @@ retarget's invariants (tests/test_rules_tv.py):
   acceptance rate toward p~. A maximum flow would move the most; this is ROUNDS rounds of a vectorised
   proportional allocation (each surplus code offers its surplus to its neighbouring deficits in proportion to
   their deficits, each deficit takes at most its deficit, and the round's flow is scaled into the budget left),
-  each round feasible, so the result is feasible and usually near the maximum, not provably equal to it.
-Cost per position: O(V k) to find the edges from a surplus into a deficit, then ROUNDS of gathers and scatter-adds
-over those edges only; no loop over codes.
+  each round feasible, so the result is feasible and usually near the maximum, not provably equal to it;
+- only the SOURCES largest surpluses of a position give. The surplus sits on few codes (where p peaks above q): on
+  the shipped toy world the 64 largest of a position's ~410 surplus codes hold 96 % of its surplus, and limiting the
+  sources to them lowers the acceptance rate toward p~ by 0.0026 (0.5818 against 0.5844, 855 positions of a
+  LANTERN-TV decode at delta 0.2, k 100) while the flow runs over a sixth of the edges (a position's retarget
+  8x faster: 13 against 109 ms for 32 positions on one thread). sources >= V is the full flow.
+Cost per position: O(SOURCES x the sources' degree) to list the edges out of the sources (a CSR of the symmetric
+neighbour graph, built once per table and k), then ROUNDS of gathers and scatter-adds over the edges into deficits.
 
 Deterministic drafts (q None: greedy chains, EAGLE-2 / greedy trees), whose tokens are a function of the drafter
 alone: q is taken as the indicator of the candidates (the point mass on x for a chain), so p~ moves up to delta of
@@ -37,59 +42,67 @@ from torch import Tensor
 from lantern.engine.acceptance import AcceptRule, verify_candidates
 
 ROUNDS = 3
+SOURCES = 64  # surplus codes per position that give (the largest); see the module docstring
 
 
 def neighbour_edges(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(src, dst) of the symmetric neighbour graph: a -> table[a, j] and back, j < k (2 V k edges), edge a k + j
-    being a -> table[a, j] and edge V k + a k + j its reverse. The definition of live_edges' order; decoding never
-    builds this list (2 x 250 MiB of int64 at V = 16384, k = 1000), live_edges finds its live edges' ends from
-    `neighbour_index` alone."""
+    being a -> table[a, j] and edge V k + a k + j its reverse. A mutual pair is listed twice, as both lists name it."""
     V = table.shape[0]
     a = torch.arange(V, device=table.device).repeat_interleave(k)
-    b = neighbour_index(table, k)
+    b = table[:, :k].reshape(-1).long()
     return torch.cat([a, b]), torch.cat([b, a])
 
 
-# (id(table), k) -> (a weak reference to the table, its version, table[:, :k] flattened as int64)
-_INDEX: dict[tuple[int, int], tuple[weakref.ref, int, Tensor]] = {}
+# (id(table), k) -> (a weak reference to the table, its version, its neighbour_csr)
+_CSR: dict[tuple[int, int], tuple[weakref.ref, int, tuple[Tensor, Tensor]]] = {}
 
 
-def neighbour_index(table: Tensor, k: int) -> Tensor:
-    """table[:, :k] flattened to int64 [V k], built once per (table, k) and reused while that table object lives
-    unchanged (a decoder passes one table to every verification; an in-place edit bumps its version)."""
+def neighbour_csr(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(start [V + 1] int64, dst [2 V k] int32): code a's edges of neighbour_edges, in that order, are
+    dst[start[a]:start[a + 1]]. Built once per (table, k) and reused while that table object lives unchanged (a
+    decoder passes one table to every verification; an in-place edit bumps its version)."""
     key = (id(table), k)
-    hit = _INDEX.get(key)
+    hit = _CSR.get(key)
     if hit is not None and hit[0]() is table and hit[1] == table._version:
         return hit[2]
-    for stale in [key_ for key_, (ref, _, _) in _INDEX.items() if ref() is None]:  # tables gone since
-        del _INDEX[stale]
-    index = table[:, :k].reshape(-1).long()
-    _INDEX[key] = (weakref.ref(table), table._version, index)
-    return index
+    for stale in [key_ for key_, (ref, _, _) in _CSR.items() if ref() is None]:  # tables gone since
+        del _CSR[stale]
+    V = table.shape[0]
+    src, dst = neighbour_edges(table, k)
+    order = torch.sort(src, stable=True).indices
+    start = torch.zeros(V + 1, dtype=torch.long, device=table.device)
+    start[1:] = torch.bincount(src, minlength=V).cumsum(0)
+    csr = (start, dst.index_select(0, order).int())  # int32: 2 x 65 MiB at V = 16384, k = 1000
+    _CSR[key] = (weakref.ref(table), table._version, csr)
+    return csr
 
 
-def live_edges(surplus: Tensor, deficit: Tensor, table: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(row, src, dst) of the edges of neighbour_edges that run from a surplus into a deficit code (surplus, deficit
-    [B, V] booleans), in neighbour_edges' order within each row; src and dst index one flat space over the batch,
-    row b's code v being b V + v, where 1-D gathers and scatter-adds are the fast path. Only these edges can ever
-    carry flow, as both sides only shrink: on the toy target about a quarter of the codes have p > q, so a fraction
-    of the 2 V k edges. They are found on [B, V, k] booleans before any index is built (the index arithmetic on all
-    2 B V k edges was most of a LANTERN-TV job's time)."""
-    B, V = surplus.shape
-    nb = neighbour_index(table, k)
-    forward = surplus.unsqueeze(-1) & deficit.index_select(1, nb).view(B, V, k)  # a -> table[a, j]
-    back = surplus.index_select(1, nb).view(B, V, k) & deficit.unsqueeze(-1)  # table[a, j] -> a
-    row, edge = torch.cat([forward.view(B, -1), back.view(B, -1)], dim=1).nonzero(as_tuple=True)
-    # neighbour_edges' ends of the live edges only: edge e < V k is e // k -> nb[e], edge V k + e its reverse
-    reverse = edge >= V * k
-    e = edge - reverse * (V * k)
-    a, b = torch.div(e, k, rounding_mode="floor"), nb.index_select(0, e)
-    src, dst = torch.where(reverse, b, a), torch.where(reverse, a, b)
-    return row, row * V + src, row * V + dst
+def live_edges(give: Tensor, take: Tensor, table: Tensor, k: int, sources: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(row, src, dst) of the edges of neighbour_edges out of each row's `sources` largest surpluses (give [B, V] >
+    0) into its deficits (take [B, V] > 0): by row, then source by decreasing surplus, then neighbour_csr's order.
+    src and dst index one flat space over the batch, row b's code v being b V + v, where 1-D gathers and
+    scatter-adds are the fast path. Only these edges can ever carry flow, as both sides only shrink."""
+    B, V = give.shape
+    start, adj = neighbour_csr(table, k)
+    top = give.topk(min(sources, V), dim=-1)
+    code = top.indices.reshape(-1)
+    row = torch.arange(B, device=give.device).repeat_interleave(top.indices.shape[1])
+    first = start.index_select(0, code)
+    degree = torch.where(top.values.reshape(-1) > 0, start.index_select(0, code + 1) - first, 0)
+    seg = torch.repeat_interleave(torch.arange(len(code), device=give.device), degree)  # one read: the edge count
+    offset = torch.arange(len(seg), device=give.device) - (degree.cumsum(0) - degree).index_select(0, seg)
+    row = row.index_select(0, seg)
+    src = row * V + code.index_select(0, seg)
+    dst = row * V + adj.index_select(0, first.index_select(0, seg) + offset).long()
+    live = (take.reshape(-1).index_select(0, dst) > 0).nonzero().squeeze(1)
+    return row.index_select(0, live), src.index_select(0, live), dst.index_select(0, live)
 
 
-def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: int = ROUNDS) -> Tensor:
-    """p~ [..., V]: p with at most delta of mass moved along neighbour edges from p > q codes to q > p codes."""
+def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: int = ROUNDS,
+             sources: int = SOURCES) -> Tensor:
+    """p~ [..., V]: p with at most delta of mass moved along neighbour edges from p > q codes (the `sources` largest
+    surpluses) to q > p codes."""
     if k == 0 or delta <= 0:
         return p
     shape, V, dtype = p.shape, p.shape[-1], p.dtype
@@ -97,7 +110,7 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     p2, q2 = p.reshape(-1, V).double(), q.reshape(-1, V).double()
     B = p2.shape[0]
     give, take = (p2 - q2).clamp(min=0.0), (q2 - p2).clamp(min=0.0)
-    row, src, dst = live_edges(give > 0, take > 0, table, k)
+    row, src, dst = live_edges(give, take, table, k, sources)
     give, take = give.reshape(-1), take.reshape(-1)
     budget = torch.full((B,), float(delta), dtype=torch.float64, device=p.device)
     moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(give)
