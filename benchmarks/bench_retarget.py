@@ -1,0 +1,98 @@
+"""LANTERN-TV's relaxed target: what limiting the flow's sources to a position's largest surpluses costs and saves.
+
+    python benchmarks/bench_retarget.py [--world models/toy/default] [--images 8] [--delta 0.2] [--k 100]
+        [--sources 16 32 64 128 0]
+
+Decodes `--images` images at batch 8 (CFG 2, sampling) with the LANTERN-TV chain (gamma 4) on the shipped toy
+models and records the (p, q) of every position it retargets. Then, for each `--sources` M (0 = every surplus code:
+the full flow), in one process on one thread: the mean acceptance rate toward p~, sum_v min(p~(v), q(v)) (what the
+flow maximises; the exact-SD acceptance of a draft from q), the mean mass moved (<= delta), the share of a position's
+surplus that its M largest surpluses hold, and the median time of a retarget call over 32 positions (the chain's
+batch-8 call), round-robin with the full flow's. engine/retarget.py's docstring quotes its output for SOURCES.
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lantern.engine import methods
+from lantern.engine import retarget as module
+from lantern.engine.checkpoint import load_gpt
+from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
+from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.io import save_torch
+
+
+def record_positions(world: Path, images: int, delta: float, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target = load_gpt(world / "target.pt")
+    table = build_table(read_codebook(world / "vq.pt"), NeighbourParams(k=k))
+    with tempfile.TemporaryDirectory() as tmp:
+        save_torch(table, f"{tmp}/neighbours.pt")
+        spec = {"name": "lanterntv", "drafting": "chain", "gamma": 4, "delta": delta, "k": k}
+        decode = methods.build_decoder(spec, SamplingParams(cfg_scale=2.0), target, world / "drafter.pt",
+                                       f"{tmp}/neighbours.pt", world / "vq.pt", torch.device("cpu"), False)
+    pairs, full = [], module.retarget
+
+    def recording(p, q, *args, **kwargs):
+        pairs.append((p.reshape(-1, p.shape[-1]).clone(), q.reshape(-1, q.shape[-1]).clone()))
+        return full(p, q, *args, **kwargs)
+
+    module.retarget = recording
+    try:
+        with torch.no_grad():
+            for start in range(0, images, 8):
+                index = range(start, min(start + 8, images))
+                decode(torch.tensor(index) % target.args.num_classes, [image_generator(0, i) for i in index])
+    finally:
+        module.retarget = full
+    P = torch.cat([p for p, _ in pairs]).double()
+    Q = torch.cat([q for _, q in pairs]).double()
+    return P, Q, table["neighbours"][:, :k]
+
+
+def call_ms(P, Q, table, k, delta, sources, rows=32) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, len(P) - rows + 1, rows):
+        module.retarget(P[i:i + rows], Q[i:i + rows], table, k, delta, sources=sources)
+    return (time.perf_counter() - t0) / (len(P) // rows) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=Path, default=Path("models/toy/default"))
+    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--delta", type=float, default=0.2)
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--sources", type=int, nargs="+", default=[16, 32, 64, 128, 0])
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    if a.images < 1 or a.k < 1 or not 0 < a.delta <= 1 or any(m < 0 for m in a.sources):
+        ap.error("--images and --k must be >= 1, --delta in (0, 1], --sources >= 0 (0 = all)")
+    torch.set_num_threads(1)
+    P, Q, table = record_positions(a.world, a.images, a.delta, a.k)
+    V = P.shape[-1]
+    give = (P - Q).clamp(min=0)
+    print(f"{len(P)} positions of a LANTERN-TV decode (delta {a.delta:g}, k {a.k}, {a.images} images at batch 8), "
+          f"{int((give > 0).sum(-1).float().mean())} surplus codes a position on average; one thread, medians of "
+          f"{a.repeats} round-robin passes")
+    sizes = [m if m else V for m in a.sources]
+    times = {m: [] for m in sizes}
+    for _ in range(a.repeats):
+        for m in sizes:
+            times[m].append(call_ms(P, Q, table, a.k, a.delta, m))
+    print(f"{'sources':>8} {'surplus share':>14} {'acceptance':>11} {'moved':>8} {'ms / call':>10} {'vs full':>8}")
+    full_ms = statistics.median(times[V])
+    for m in sizes:
+        pt = module.retarget(P, Q, table, a.k, a.delta, sources=m)
+        share = (give.topk(min(m, V), -1).values.sum(-1) / give.sum(-1)).mean().item()
+        ms = statistics.median(times[m])
+        print(f"{m if m < V else 'all':>8} {share:14.3f} {torch.minimum(pt, Q).sum(-1).mean().item():11.4f} "
+              f"{(0.5 * (pt - P).abs().sum(-1)).mean().item():8.4f} {ms:10.1f} {full_ms / ms:7.1f}x")
+
+
+if __name__ == "__main__":
+    main()
