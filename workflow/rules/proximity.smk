@@ -19,7 +19,7 @@ rule proximity:
         f"{OUT}/benchmarks/proximity/{{name}}.tsv"
     wildcard_constraints:
         name="|".join(PROXIMITY_NAMES),
-    threads: 2
+    threads: 1  # at 2 it kept 0.7-1.4 cores busy yet held a 2-core machine alone (docs/development.md)
     params:
         threads=lambda w, threads: threads_arg(threads),
         tokens=proximity_tokens,

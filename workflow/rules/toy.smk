@@ -28,7 +28,7 @@ rule tokenize:
         f"{OUT}/toy/{{world}}/data/{{split}}_tokens.pt",
     log:
         f"{OUT}/logs/tokenize/{{world}}_{{split}}.log",
-    threads: 2
+    threads: 1  # at 2 it kept 0.7-1.4 cores busy yet held a 2-core machine alone (docs/development.md)
     params:
         threads=lambda w, threads: threads_arg(threads),
     conda:
@@ -53,7 +53,7 @@ rule ambiguity:
         f"{OUT}/logs/ambiguity/{{world}}.log",
     benchmark:
         f"{OUT}/benchmarks/ambiguity/{{world}}.tsv"
-    threads: 2
+    threads: 1  # at 2 it kept 0.7-1.4 cores busy yet held a 2-core machine alone (docs/development.md)
     params:
         threads=lambda w, threads: threads_arg(threads),
         p=as_arg(config["toy"].get("ambiguity", {})),
