@@ -8,7 +8,9 @@ models and records the (p, q) of every position it retargets. Then, for each `--
 the full flow), in one process on one thread: the mean acceptance rate toward p~, sum_v min(p~(v), q(v)) (what the
 flow maximises; the exact-SD acceptance of a draft from q), the mean mass moved (<= delta), the share of a position's
 surplus that its M largest surpluses hold, and the median time of a retarget call over 32 positions (the chain's
-batch-8 call), round-robin with the full flow's. engine/retarget.py's docstring quotes its output for SOURCES.
+batch-8 call), round-robin with the full flow's. Then the same for deterministic drafts (q the point mass on the
+drafter's argmax x, as greedy chains and top-k trees verify): the mass moved and how often x becomes p~'s argmax.
+engine/retarget.py's docstring quotes its output for SOURCES.
 """
 
 import argparse
@@ -92,6 +94,14 @@ def main():
         ms = statistics.median(times[m])
         print(f"{m if m < V else 'all':>8} {share:14.3f} {torch.minimum(pt, Q).sum(-1).mean().item():11.4f} "
               f"{(0.5 * (pt - P).abs().sum(-1)).mean().item():8.4f} {ms:10.1f} {full_ms / ms:7.1f}x")
+    x = Q.argmax(-1)
+    point = torch.zeros_like(P).scatter_(1, x[:, None], 1.0)
+    print(f"deterministic drafts (q = the point mass on q's argmax x; x is p's argmax at {(P.argmax(-1) == x).float().mean().item():.3f})")
+    print(f"{'sources':>8} {'moved':>8} {'x = argmax p~':>14}")
+    for m in sizes:
+        pt = module.retarget(P, point, table, a.k, a.delta, sources=m)
+        print(f"{m if m < V else 'all':>8} {(0.5 * (pt - P).abs().sum(-1)).mean().item():8.4f} "
+              f"{(pt.argmax(-1) == x).float().mean().item():14.3f}")
 
 
 if __name__ == "__main__":
