@@ -156,6 +156,8 @@ def test_save_load_roundtrip_and_wrong_target(tmp_path):
     (dict(epochs=0), "positive"),
     (dict(lr_schedule="linear"), "constant or cosine"),
     (dict(lr_floor=1.5), "lr_floor"),
+    (dict(unroll=0), "unroll=0 must be an integer >= 1"),
+    (dict(unroll=1.5), "unroll=1.5 must be"),
 ])
 def test_bad_params(kw, needle):
     with pytest.raises(UserError, match=needle):
@@ -187,5 +189,54 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(UserError, match="target makes 16"):
         main(base + ["--tokens", str(tmp_path / "short.pt")])
     assert not (tmp_path / "x.pt").exists()
-    main(base + ["--params", '{"data": "self", "n_self": 24, "epochs": 1}'])
-    assert (tmp_path / "x.pt").exists()
+    main(base + ["--params", '{"data": "self", "n_self": 24, "epochs": 1, "unroll": 2}'])
+    history = torch.load(tmp_path / "x.pt", weights_only=True)["metrics"]["history"]
+    assert 0 < history[0]["val_accept_2"] < 1 and history[0]["val_loss"] > history[0]["val_reg"]
+
+
+@pytest.mark.parametrize("kind", ["c2i", "t2i"])
+@torch.no_grad()
+def test_unrolled_steps_match_cached_chain_drafting(kind):
+    """Training's unrolled chain steps compute what decoding computes: a catch-up over the true states up to c,
+    then steps fed the drafter's own predictions at c + 1, c + 2 through the cache."""
+    from lantern.engine.drafter import drafter_mask
+    from lantern.pipeline.train_drafter import unrolled
+
+    target = tiny_target(kind)
+    d = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(d.layer.attention.wo.weight, std=0.3)  # make attention matter
+    T = target.args.cls_token_num
+    cond = torch.tensor([2]) if kind == "c2i" else torch.randn(1, T, 12)
+    mask = None if kind == "c2i" else torch.tensor([[0, 1, 1, 1, 1]], dtype=torch.bool)
+    x, h, _ = target_states(target, cond, torch.randint(0, 16, (1, 15)), mask)
+    emb, S = x[:, 1:], x.shape[1] - 1
+    preds = unrolled(d, emb, h[:, :-1], drafter_mask(mask, S), 3)
+    assert [p.shape[1] for p in preds] == [S, S - 1, S - 2]
+    for c in (T - 1, T + 3, S - 3):
+        d.setup_cache(1, cond_mask=mask)
+        last = d.step(emb[:, : c + 1], h[:, : c + 1], 0)[:, -1:]
+        for s in (1, 2):  # step s + 1 at position c + s: stream s's index c
+            last = d.step(emb[:, c + s : c + s + 1], last, c + s)
+            torch.testing.assert_close(last[:, 0], preds[s][:, c], atol=1e-5, rtol=1e-5)
+        d.clear_cache()
+    # a second step never sees a true state past its catch-up: the state at position 8 moves the step at 9 (index
+    # 8, fed the catch-up's prediction there), none before it
+    h2 = h.clone()
+    h2[:, 8] += 1.0
+    moved = unrolled(d, emb, h2[:, :-1], drafter_mask(mask, S), 2)[1]
+    torch.testing.assert_close(moved[:, :8], preds[1][:, :8])
+    assert not torch.allclose(moved[:, 8], preds[1][:, 8])
+
+
+def test_unrolled_training_reports_each_step():
+    from lantern.pipeline.train_drafter import total_loss
+
+    target = tiny_target()
+    d = Drafter.from_target(target)
+    tokens = torch.randint(0, 16, (3, 15))
+    one = drafter_losses(d, target, torch.tensor([0, 1, 2]), tokens)
+    two = drafter_losses(d, target, torch.tensor([0, 1, 2]), tokens, unroll=2)
+    assert set(two) == set(one) | {"reg_2", "ce_2", "top1_2", "accept_2"}
+    for k in one:
+        torch.testing.assert_close(two[k], one[k])  # step 1 is the EAGLE-1 objective either way
+    torch.testing.assert_close(total_loss(two, 0.1), one["reg"] + 0.1 * one["ce"] + two["reg_2"] + 0.1 * two["ce_2"])

@@ -28,12 +28,12 @@ def interrupt_at(monkeypatch, step):
     """The job dies inside the step-th optimizer step's loss (after the checkpoints before it)."""
     real, calls = module.drafter_losses, []
 
-    def losses(drafter, target, c, t, noise, m):
+    def losses(drafter, target, c, t, noise, m, unroll):
         if noise > 0:  # training batches only (validation runs without noise)
             calls.append(1)
             if len(calls) == step:
                 raise Killed
-        return real(drafter, target, c, t, noise, m)
+        return real(drafter, target, c, t, noise, m, unroll)
 
     monkeypatch.setattr(module, "drafter_losses", losses)
 

@@ -157,6 +157,10 @@ class DrafterParams:
     grad_clip: float = 0.5  # clip each gradient value to [-0.5, 0.5] (EAGLE)
     ce_weight: float = 0.1
     hidden_noise: float = 0.1  # uniform noise in [-a, a] on the input hidden states
+    # chain steps trained per position: 1 = EAGLE-1 (every step teacher-forced on the target's hidden states); n > 1
+    # also trains steps 2..n fed the drafter's own predictions, as decoding feeds them (a training-time test, as in
+    # HASS and EAGLE-3), each step's loss added with the same weights
+    unroll: int = 1
     val_frac: float = 0.05
     max_sequences: int = 0  # 0: all
     seed: int = 0
@@ -181,6 +185,8 @@ class DrafterParams:
             raise UserError(f"drafter lr_floor={self.lr_floor} must lie in [0, 1] (a fraction of lr)")
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
             raise UserError("drafter epochs, batch_size and lr must be positive")
+        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
+            raise UserError(f"drafter unroll={self.unroll!r} must be an integer >= 1 (chain steps trained per position)")
         if not 0 < self.val_frac < 1:
             raise UserError(f"drafter val_frac={self.val_frac} must lie in (0, 1)")
         if len(self.betas) != 2 or self.grad_clip <= 0 or self.hidden_noise < 0 or self.ce_weight < 0:

@@ -2,7 +2,8 @@
 
 Training regresses the target's next hidden state (SmoothL1) plus 0.1 x soft cross-entropy against the target's
 distribution, with uniform noise on the input hidden states and conditions dropped to the null condition at the
-target's class-dropout rate, so the drafter learns the unconditional stream CFG needs. Data: real token sequences
+target's class-dropout rate, so the drafter learns the unconditional stream CFG needs. unroll > 1 also trains chain
+steps 2..n on the drafter's own predictions, attending as decoding does (`unrolled`). Data: real token sequences
 (`lantern tokenize` / `lantern encode-images` files, with caption features for t2i), the target's own samples,
 or both.
 """
@@ -26,15 +27,38 @@ from lantern.errors import UserError
 from lantern.hparams import DrafterParams
 from lantern.params import params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
-from lantern.engine.model import GPT
+from lantern.engine.model import GPT, causal_mask
 
 from lantern.engine.drafter import Drafter, save_drafter, target_states
 
 
 # -- training -----------------------------------------------------------------------------------------------------
+def unrolled_mask(base: Tensor, steps: int) -> Tensor:
+    """The attention mask of `steps` query streams over S drafter positions, laid out one after another: stream 1
+    at positions 0..S-1 (the catch-up, teacher-forced), stream s at positions s-1..S-1 (chain step s). A step-s query
+    at position i sees what it sees in decoding: the catch-up's keys as its catch-up position c = i - s + 1 sees
+    them (`base` [..., S, S], bool), and the keys of steps 2..s of its own chain (step k's at position c + k - 1).
+    Returns [..., M, M] with M = the streams' total length."""
+    S, device = base.shape[-1], base.device
+    lengths = [S - s for s in range(steps)]
+    M = sum(lengths)
+    out = torch.zeros(*base.shape[:-2], M, M, dtype=torch.bool, device=device)
+    starts = [sum(lengths[:s]) for s in range(steps)]
+    for s in range(steps):  # query stream s + 1
+        i = torch.arange(s, S, device=device)  # its positions
+        rows = slice(starts[s], starts[s] + lengths[s])
+        out[..., rows, : S] = base[..., i - s, :]
+        for k in range(1, s + 1):  # key stream k + 1: position i - s + k, at index (i - s + k) - k of the stream
+            out[..., rows, starts[k] : starts[k] + lengths[k]] |= (torch.arange(lengths[k], device=device)
+                                                                  == (i - s)[:, None])
+    return out
+
+
 def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, noise: float = 0.0,
-                   cond_mask: Tensor | None = None) -> dict[str, Tensor]:
-    """Losses over the image-predicting drafter positions, plus agreement metrics (no grad through the target)."""
+                   cond_mask: Tensor | None = None, unroll: int = 1) -> dict[str, Tensor]:
+    """Losses over the image-predicting drafter positions, plus agreement metrics (no grad through the target).
+    unroll > 1: also chain steps 2..unroll, each fed the drafter's own prediction of the step before, as in
+    decoding (losses and metrics suffixed _2, _3, ..)."""
     T = target.args.cls_token_num
     with torch.no_grad():
         x, h, logits = target_states(target, cond, tokens, cond_mask)
@@ -42,15 +66,46 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     h_in = h[:, :-1]
     if noise > 0:
         h_in = h_in + (torch.rand_like(h_in) * 2 - 1) * noise
-    pred = drafter(emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]))[:, T - 1 :]
-    want_h, want_p = h[:, T:], logits[:, T:].float().softmax(-1)
-    q_logits = drafter.head(pred)
+    preds = unrolled(drafter, emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]), unroll)
+    out = {}
+    for s, pred in enumerate(preds):  # step s + 1 at positions s..S-1; its image-predicting ones: s + lo >= T - 1
+        lo = max(T - 1 - s, 0)
+        out |= step_losses(drafter, pred[:, lo:], h[:, s + lo + 1 :], logits[:, s + lo + 1 :], f"_{s + 1}" if s else "")
+    return out
+
+
+def unrolled(drafter: Drafter, emb: Tensor, hidden: Tensor, mask: Tensor | None, steps: int) -> list[Tensor]:
+    """The drafter's predictions over S positions (emb, hidden [B, S, d]; mask as Drafter.forward's) as chain steps
+    1..steps: step 1 the teacher-forced pass, step s + 1 at positions s..S-1, fed step s's predictions at
+    positions s-1..S-2 and attending as in decoding (unrolled_mask), in one pass over all streams per step."""
+    pred = drafter(emb, hidden, mask)
+    preds, S = [pred], emb.shape[1]
+    if steps > 1:
+        base = causal_mask(S, S, emb.device) if mask is None else mask
+        pos = torch.arange(S, device=emb.device)
+        streams = [(emb, hidden, pos)]
+        for s in range(1, steps):
+            streams.append((emb[:, s:], preds[-1][:, :-1], pos[s:]))
+            e, h, p = (torch.cat(parts, dim) for parts, dim in zip(zip(*streams), (1, 1, 0)))
+            preds.append(drafter._run(e, h, p, unrolled_mask(base, s + 1), None)[:, -(S - s) :])
+    return preds
+
+
+def step_losses(drafter: Drafter, pred: Tensor, want_h: Tensor, logits: Tensor, suffix: str) -> dict[str, Tensor]:
+    """SmoothL1 to the target's next hidden states, soft CE to its distributions, top-1 agreement and exact
+    acceptance at temperature 1 without CFG, of predictions pred [B, S, d] against want_h and logits [B, S, ...]."""
+    want_p, q_logits = logits.float().softmax(-1), drafter.head(pred)
     reg = F.smooth_l1_loss(pred.float(), want_h.float())
     ce = -(want_p * q_logits.log_softmax(-1)).sum(-1).mean()
     with torch.no_grad():
-        top1 = (q_logits.argmax(-1) == logits[:, T:].argmax(-1)).float().mean()
-        accept = 1 - 0.5 * (q_logits.softmax(-1) - want_p).abs().sum(-1).mean()  # exact SD acceptance at temperature 1, no CFG
-    return {"reg": reg, "ce": ce, "top1": top1, "accept": accept}
+        top1 = (q_logits.argmax(-1) == logits.argmax(-1)).float().mean()
+        accept = 1 - 0.5 * (q_logits.softmax(-1) - want_p).abs().sum(-1).mean()
+    return {f"reg{suffix}": reg, f"ce{suffix}": ce, f"top1{suffix}": top1, f"accept{suffix}": accept}
+
+
+def total_loss(losses: dict[str, Tensor], ce_weight: float) -> Tensor:
+    """reg + ce_weight x ce, summed over the trained chain steps."""
+    return sum(v + ce_weight * losses["ce" + k[3:]] for k, v in losses.items() if k.startswith("reg"))
 
 
 def learning_rate(params: DrafterParams, step: int, total_steps: int) -> float:
@@ -164,8 +219,8 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
         for b in range(start_b if epoch == start_epoch else 0, batches):
             c, t, m = batch_of(perm[b * params.batch_size : (b + 1) * params.batch_size], drop=True)
             with autocast(device):
-                losses = drafter_losses(drafter, target, c, t, params.hidden_noise, m)
-                loss = losses["reg"] + params.ce_weight * losses["ce"]
+                losses = drafter_losses(drafter, target, c, t, params.hidden_noise, m, params.unroll)
+                loss = total_loss(losses, params.ce_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             for group in opt.param_groups:
@@ -182,7 +237,8 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
         # one batch on the device at a time: t2i caption features of a 100k-image set would not fit at once
         with autocast(device):
             row.update(evaluate(drafter, target, (batch_of(val_idx[lo : lo + params.batch_size], drop=False)
-                                                 for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight))
+                                                 for lo in range(0, len(val_idx), params.batch_size)), params.ce_weight,
+                                params.unroll))
         history.append(row)
         tqdm.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     bar.close()
@@ -190,16 +246,16 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
 
 
 @torch.no_grad()
-def evaluate(drafter: Drafter, target: GPT, batches: list, ce_weight: float) -> dict:
+def evaluate(drafter: Drafter, target: GPT, batches: list, ce_weight: float, unroll: int = 1) -> dict:
     """Validation losses and agreement (no noise, no condition dropout), averaged over sequences."""
     drafter.eval()
     sums, count = {}, 0
     for c, t, m in batches:
-        for k, v in drafter_losses(drafter, target, c, t, 0.0, m).items():
+        for k, v in drafter_losses(drafter, target, c, t, 0.0, m, unroll).items():
             sums[k] = sums.get(k, 0.0) + v.item() * len(c)
         count += len(c)
     out = {f"val_{k}": v / count for k, v in sums.items()}
-    out["val_loss"] = out["val_reg"] + ce_weight * out["val_ce"]
+    out["val_loss"] = float(total_loss(sums, ce_weight)) / count
     return out
 
 
