@@ -38,9 +38,9 @@ def test_target_states_agree_with_gpt_forward():
         torch.testing.assert_close(h[:, T - 1 :], want_h)
 
 
-@pytest.mark.parametrize("kind", ["c2i", "t2i"])
-@torch.no_grad()
-def test_cached_drafting_matches_the_uncached_pass(kind):
+def drafting_case(kind):
+    """A tiny target's drafter whose attention matters, and one teacher-forced sequence of 15 image tokens (t2i: a
+    left-padded caption): (drafter, T, condition mask, target inputs x, target states h)."""
     target = tiny_target(kind)
     d = Drafter.from_target(target).eval()
     torch.nn.init.normal_(d.layer.attention.wo.weight, std=0.3)  # make attention matter
@@ -48,6 +48,13 @@ def test_cached_drafting_matches_the_uncached_pass(kind):
     cond = torch.tensor([2]) if kind == "c2i" else torch.randn(1, T, 12)
     mask = None if kind == "c2i" else torch.tensor([[0, 1, 1, 1, 1]], dtype=torch.bool)
     x, h, _ = target_states(target, cond, torch.randint(0, 16, (1, 15)), mask)
+    return d, T, mask, x, h
+
+
+@pytest.mark.parametrize("kind", ["c2i", "t2i"])
+@torch.no_grad()
+def test_cached_drafting_matches_the_uncached_pass(kind):
+    d, T, mask, x, h = drafting_case(kind)
     from lantern.engine.drafter import drafter_mask
 
     full = d(x[:, 1:], h[:, :-1], drafter_mask(mask, x.shape[1] - 1))
@@ -202,13 +209,7 @@ def test_unrolled_steps_match_cached_chain_drafting(kind):
     from lantern.engine.drafter import drafter_mask
     from lantern.pipeline.train_drafter import unrolled
 
-    target = tiny_target(kind)
-    d = Drafter.from_target(target).eval()
-    torch.nn.init.normal_(d.layer.attention.wo.weight, std=0.3)  # make attention matter
-    T = target.args.cls_token_num
-    cond = torch.tensor([2]) if kind == "c2i" else torch.randn(1, T, 12)
-    mask = None if kind == "c2i" else torch.tensor([[0, 1, 1, 1, 1]], dtype=torch.bool)
-    x, h, _ = target_states(target, cond, torch.randint(0, 16, (1, 15)), mask)
+    d, T, mask, x, h = drafting_case(kind)
     emb, S = x[:, 1:], x.shape[1] - 1
     preds = unrolled(d, emb, h[:, :-1], drafter_mask(mask, S), 3)
     assert [p.shape[1] for p in preds] == [S, S - 1, S - 2]

@@ -128,10 +128,11 @@ class Drafter(nn.Module):
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
         return self.layer(x, self.rope[pos + 1], mask, row_slots(slots, rows, self.layer.attention.kv_cache), rows)
 
-    def forward(self, emb: Tensor, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Uncached pass over drafter positions 0..S-1: emb [B, S, d] (target inputs at t + 1), hidden [B, S, d]
-        (target h_t); returns the predicted h_{t+1} [B, S, d]. mask None: causal."""
-        return self._run(emb, hidden, torch.arange(emb.shape[1], device=emb.device), mask, None)
+    def forward(self, emb: Tensor, hidden: Tensor, mask: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
+        """Uncached pass over drafter positions `pos` [S] (default 0..S-1): emb [B, S, d] (target inputs at t + 1),
+        hidden [B, S, d] (target h_t); returns the predicted h_{t+1} [B, S, d]. mask None: causal."""
+        pos = torch.arange(emb.shape[1], device=emb.device) if pos is None else pos
+        return self._run(emb, hidden, pos, mask, None)
 
     # -- cached drafting ------------------------------------------------------------------------------------------
     @property

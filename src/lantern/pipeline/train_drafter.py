@@ -87,7 +87,7 @@ def unrolled(drafter: Drafter, emb: Tensor, hidden: Tensor, mask: Tensor | None,
         for s in range(1, steps):
             streams.append((emb[:, s:], preds[-1][:, :-1], pos[s:]))
             e, h, p = (torch.cat(parts, dim) for parts, dim in zip(zip(*streams), (1, 1, 0)))
-            preds.append(drafter._run(e, h, p, unrolled_mask(base, s + 1), None)[:, -(S - s) :])
+            preds.append(drafter(e, h, unrolled_mask(base, s + 1), p)[:, -(S - s) :])
     return preds
 
 
