@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
-from lantern.engine.batched import DrafterRounds, Image, batch_probs, cache_rows, pack, target_forward, to_device
+from lantern.engine.batched import (DrafterRounds, Image, batch_probs, cache_rows, in_rows, pack, target_forward,
+                                    to_device)
 from lantern.engine.sampling import Uniforms, draw
 from lantern.engine.stats import free_read
 from lantern.engine.trees import Draft, TreePass, _visible, accept_sampled
@@ -40,7 +41,7 @@ def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: in
     pos = torch.stack([F.pad(p, (0, S - len(p))) for p in pos])
     slots = torch.stack([F.pad(s, (0, S - len(s)), value=cache_len - 1) for s in slots])
     visible = torch.stack([F.pad(v, (0, 0, 0, S - len(v))) for v in visible])
-    return pos.repeat(R, 1), slots.repeat(R, 1), visible.repeat(R, 1, 1)
+    return in_rows(pos, R), in_rows(slots, R), in_rows(visible, R)
 
 
 class TreeRounds(DrafterRounds):

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.batched import (
-    batch_probs, finish, first_tokens, forward_rows_of, prefill_rows, ragged, target_forward, to_device,
+    batch_probs, finish, first_tokens, forward_rows_of, in_rows, prefill_rows, ragged, target_forward, to_device,
 )
 from lantern.engine.chain import accept_chains
 from lantern.engine.model import GPT
@@ -132,7 +132,7 @@ class JacobiRounds:
         for im in images:
             im.stats.target_forwards += 1
         rows = forward_rows_of(self.index, self.B, R)
-        return target_forward(self.target, rows, x.repeat(R, 1), pos, slots, visible, width)
+        return target_forward(self.target, rows, in_rows(x, R), pos, slots, visible, width)
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """Step 3 for every active image on the device, then the one read of the iteration."""
