@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -86,3 +87,35 @@ def test_in_job_speedup_pairs_the_images_that_carry_a_reference():
                        speed.IN_JOB_REFERENCE: [0.3, 0.3, math.nan, math.nan]})
     assert speed.summarize(df)["speedup_vs_in_job_vanilla"] == pytest.approx(3.0)
     assert math.isnan(speed.in_job_speedup(df.assign(**{speed.IN_JOB_REFERENCE: math.nan})))
+
+
+def test_speedup_se_is_zero_for_constant_times_and_nan_without_two_pairs():
+    plain, method = np.full(16, 0.6), np.full(16, 0.4)
+    assert speed.speedup_se(plain, method, paired=True) == 0.0
+    assert speed.speedup_se(plain, method, paired=False) == pytest.approx(0.0, abs=1e-12)
+    one = np.where(np.arange(16) == 3, 0.6, np.nan)
+    assert math.isnan(speed.speedup_se(one, method, paired=False))
+
+
+def test_speedup_se_matches_the_delta_method_for_independent_times():
+    """mean(a) / mean(b) of independent samples: SE^2 ~ R^2 (var a / (n_a a^2) + var b / (n_b b^2)); plain AR timed
+    on every other image (n_a = n / 2), the method on all of them."""
+    rng = np.random.default_rng(1)
+    n = 400
+    method = rng.normal(0.5, 0.05, n)
+    plain = np.where(np.arange(n) % 2 == 0, rng.normal(1.0, 0.1, n), np.nan)
+    a, b = np.nanmean(plain), method.mean()
+    delta = (a / b) * math.sqrt(np.nanvar(plain, ddof=1) / (n / 2 * a**2) + method.var(ddof=1) / (n * b**2))
+    assert speed.speedup_se(plain, method, paired=False) == pytest.approx(delta, rel=0.15)
+
+
+def test_speedup_se_lets_a_load_shared_by_the_pair_cancel():
+    """A slowdown that hits an image's method and plain AR alike (here: plain AR always twice the method) leaves the
+    paired ratio at exactly 2 in every resample; the same times as unpaired means spread."""
+    method = np.random.default_rng(2).uniform(0.2, 1.0, 64)
+    plain = np.where(np.arange(64) % 2 == 0, 2 * method, np.nan)
+    assert speed.speedup_se(plain, method, paired=True) == pytest.approx(0.0, abs=1e-12)
+    assert speed.speedup_se(plain, method, paired=False) > 0.05
+    df = stats("x", "sampling", method).assign(**{speed.IN_JOB_REFERENCE: plain})
+    row = speed.summarize(df)
+    assert row["speedup_vs_in_job_vanilla"] == pytest.approx(2.0) and row["speedup_vs_in_job_vanilla_se"] < 1e-12

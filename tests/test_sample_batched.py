@@ -1,6 +1,7 @@
 """`lantern sample --batch-size`: index-aligned batches give the images of one-by-one decoding, resume whole
 batches, and time batch-1 latency on request; shard boundaries fall on batch multiples."""
 import json
+import math
 from types import SimpleNamespace
 
 import pandas as pd
@@ -9,7 +10,8 @@ import pytest
 import lantern.pipeline.sample as sample_module
 from lantern.pipeline.config import shard_alignment, shard_ranges
 from lantern.pipeline.sample import aligned_batches, main as sample
-from lantern.pipeline.tables import speed_columns, sweep_table
+from lantern.metrics.speed import speedup_se
+from lantern.pipeline.tables import TableParams, speed_columns, summary_markdown, sweep_table
 from tiny import one_thread, save_world, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -92,10 +94,16 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
     assert row["batch_size"] == 3 and row["latency_b1_images"] == 2
     assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
     assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
+    alone = stats.dropna(subset=["latency_s"])
+    assert row["speedup_b1_in_job_se"] == speedup_se(alone["vanilla_latency_s"], alone["latency_s"], paired=False)
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
     # batch-1 latency, timed at every point, is the headline; the batched in-job ratio comes second
     assert (sweep["speedup_kind"] == "in-job, batch 1").all()
     assert row["speedup"] == row["speedup_b1_in_job"] and row["speedup"] != row["speedup_vs_in_job_vanilla"]
+    assert row["speedup_se"] == row["speedup_b1_in_job_se"] > 0
+    assert math.isnan(sweep.set_index("point").loc["vanilla", "speedup_se"])
+    cells = next(r for r in summary_markdown(sweep, TableParams()).splitlines() if r.startswith("| Exact SD"))
+    assert f"{row['speedup_b1_in_job']:.2f}× ± {row['speedup_b1_in_job_se']:.2f}" in cells
     assert list(speed_columns(sweep)) == ["In-job speed-up (batch 1)", "In-job speed-up (batch 3)",
                                           "Speed-up across jobs (batch 3)"]
 

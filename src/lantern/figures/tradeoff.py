@@ -1,7 +1,8 @@
 """Speed-up against quality (FID, CLIP score, class accuracy) for every method, Pareto front marked, AR noise band shaded.
 
 The speed-up is the tables' headline (in-job when the sweep timed plain AR in every job). Each point carries a
-horizontal bar of ± band_z standard errors (bootstrap over its images); the shaded band is vanilla ± band_z·√2·SE,
+horizontal bar of ± band_z standard errors (bootstrap over its images) and, for an in-job speed-up, a vertical one
+(bootstrap over its timed images: the job's own spread, not the day's); the shaded band is vanilla ± band_z·√2·SE,
 where a method with vanilla's distribution lands. Points carry a number (the same in every panel) resolved in the
 legend; the AR runs are stars. Class accuracy is drawn where the sweep has it (a world with a classifier: the toy
 world); elsewhere its panel is left out.
@@ -77,7 +78,9 @@ def plot(inputs, p: Params):
             ax.axhline(1.0, color=color("vanilla"), linewidth=0.8, linestyle=":")
             speed = pts["speedup"].to_numpy(float)
             quality = pts[metric].to_numpy(float)
-            ax.errorbar(quality, speed, xerr=p.band_z * se, fmt="none", ecolor="0.6", elinewidth=0.8, zorder=1)
+            speed_se = pts["speedup_se"].to_numpy(float) if "speedup_se" in pts else np.full(len(pts), np.nan)
+            ax.errorbar(quality, speed, xerr=p.band_z * se, yerr=p.band_z * speed_se, fmt="none", ecolor="0.6",
+                        elinewidth=0.8, zorder=1)
             front = pareto(quality, speed, higher)
             ax.plot(quality[front], speed[front], color="black", linewidth=1, linestyle="--", zorder=2)
             ax.scatter(quality[front], speed[front], s=150, facecolor="none", edgecolor="black", linewidth=1, zorder=4)
@@ -100,7 +103,7 @@ def plot(inputs, p: Params):
     handles += [Line2D([], [], color="black", linestyle="--", marker="o", markerfacecolor="none", markersize=9,
                        label="Pareto front"),
                 Patch(color=color("vanilla"), alpha=0.18, label=f"AR noise band:\nvanilla ± {p.band_z:g}·√2·SE"),
-                Line2D([], [], color="0.6", label=f"± {p.band_z:g}·SE (bootstrap)")]
+                Line2D([], [], color="0.6", label=f"± {p.band_z:g}·SE (bootstrap;\nspeed: within the job)")]
     handles += [Line2D([], [], linestyle="", label=f"{n}: {labels[pt]}") for pt, n in number.items()]
     # a long sweep's numbered list runs in two columns, so that it fits beside the panels
     fig.legend(handles=handles, loc="outside right center", handletextpad=0.4, ncols=1 if len(handles) <= 20 else 2,

@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from lantern.errors import UserError
@@ -59,6 +60,33 @@ def in_job_speedup(df: pd.DataFrame) -> float:
     return float(df.loc[paired, IN_JOB_REFERENCE].mean()) / method_s if method_s > 0 else math.nan
 
 
+def in_job_speedup_se(df: pd.DataFrame) -> float:
+    """in_job_speedup's standard error (speedup_se over the images that carry plain AR's time)."""
+    if IN_JOB_REFERENCE not in df.columns:
+        return math.nan
+    return speedup_se(df[IN_JOB_REFERENCE].to_numpy(float), df["time_total_s"].to_numpy(float), paired=True)
+
+
+def speedup_se(plain: np.ndarray, method: np.ndarray, paired: bool, draws: int = 2000, seed: int = 0) -> float:
+    """Bootstrap standard error of an in-job speed-up, mean(plain) / mean(method), over the timed images: method [n]
+    the method's per-image times, plain [n] plain AR's on the same images (NaN where it was not timed: one image or
+    batch in N, `--in-job-vanilla-every`); paired: the method's mean over those images only (in_job_speedup), else
+    over all n (the batch-1 speed-up). An image is resampled with its pair, so the load that slowed both cancels
+    as it does in the ratio. The spread is the job's own: between days the machine moves speed-ups further
+    (docs/development.md). NaN with fewer than two images timed by both."""
+    plain, method = np.asarray(plain, float), np.asarray(method, float)
+    has = ~np.isnan(plain)
+    if has.sum() < 2:
+        return math.nan
+    idx = np.random.default_rng(seed).integers(0, len(plain), size=(draws, len(plain)))
+    mask = has[idx]
+    timed = mask.sum(1)
+    keep = timed > 0  # a resample that drew no image with plain AR's time has no ratio
+    num = np.where(mask, plain[idx], 0.0).sum(1)[keep] / timed[keep]
+    den = (np.where(mask, method[idx], 0.0).sum(1) / np.maximum(timed, 1) if paired else method[idx].mean(1))[keep]
+    return float(np.std(num / den, ddof=1))
+
+
 def summarize(df: pd.DataFrame) -> dict:
     """One sweep point's speed row from its per-image stats (all shards together)."""
     if df.empty:
@@ -88,6 +116,7 @@ def summarize(df: pd.DataFrame) -> dict:
         "peak_mem_mib": float(df["peak_mem_bytes"].max()) / 2**20 if has("peak_mem_bytes") else math.nan,
         "device": ",".join(sorted(map(str, df["device"].dropna().unique()))) if has("device") else "",
         "speedup_vs_in_job_vanilla": in_job_speedup(df),
+        "speedup_vs_in_job_vanilla_se": in_job_speedup_se(df),
     }
     for col in ("mode",):
         if has(col):

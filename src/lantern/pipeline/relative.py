@@ -3,7 +3,8 @@
 Speed. The headline speed-up is the paper's: batch-1 latency measured in one process (`speedup_b1_in_job`: images
 also decoded alone, and plain AR alone, in the method's own job), where every point of a mode timed it; else the
 batched in-job ratio (`speedup_vs_in_job_vanilla`: plain AR timed in the method's own job on the same batches).
-Both are taken in one process because two jobs may land on differently loaded cores. The across-jobs
+Both are taken in one process because two jobs may land on differently loaded cores, and both carry a bootstrap
+standard error over the timed images (`speedup_se`, from `*_se`; speed.speedup_se). The across-jobs
 ratio (`speedup_vs_vanilla`: the vanilla point's mean latency / the method's) stays as a secondary column; the
 vanilla control run measures how far it can be trusted: when the control's across-jobs ratio is off 1 by more than
 a tolerance, the mode's across-jobs numbers are flagged.
@@ -45,8 +46,10 @@ def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.Data
     control = sweep[sweep["point"] == "vanilla-control"].set_index("mode")["latency_s_per_image"]
     drift = (sweep["mode"].map(base["latency_s_per_image"]) / sweep["mode"].map(control) - 1).abs()
     at = sweep.columns.get_loc("throughput_img_per_s") + 1
+    se = lambda col: sweep[col] if col in sweep else pd.Series(math.nan, index=sweep.index)  # noqa: E731
     for i, (name, values) in enumerate([
         ("speedup", b1.where(b1_full, in_job.where(full, across))),
+        ("speedup_se", se("speedup_b1_in_job_se").where(b1_full, se("speedup_vs_in_job_vanilla_se").where(full))),
         ("speedup_kind", np.where(b1_full, "in-job, batch 1", np.where(full, "in-job", "across jobs"))),
         ("speedup_vs_vanilla", across),
         ("speedup_across_jobs_drift", drift),

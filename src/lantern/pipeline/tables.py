@@ -25,7 +25,7 @@ import pandas as pd
 from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
-from lantern.metrics.speed import in_job_speedup
+from lantern.metrics.speed import in_job_speedup, in_job_speedup_se, speedup_se
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "class_accuracy"]
@@ -138,6 +138,7 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         # plain AR timed in the same job on the same batches (`lantern sample --in-job-vanilla`): immune to jobs
         # landing on different machines or under different load
         "speedup_vs_in_job_vanilla": in_job_speedup(stats),
+        "speedup_vs_in_job_vanilla_se": in_job_speedup_se(stats),
         "time_draft_s_per_image": stats["time_draft_s"].mean(),
         "time_verify_s_per_image": stats["time_verify_s"].mean(),
         "time_other_s_per_image": stats["time_other_s"].mean(),
@@ -184,17 +185,19 @@ def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
     batch = int(stats["batch_size"].max()) if "batch_size" in stats else 1
     if batch == 1:
         return {"batch_size": 1, "latency_b1_images": len(per_image), "latency_b1_s_per_image": per_image.mean(),
-                "speedup_b1_in_job": in_job_speedup(stats)}
+                "speedup_b1_in_job": in_job_speedup(stats), "speedup_b1_in_job_se": in_job_speedup_se(stats)}
     if "latency_s" in stats:
         timed = stats["latency_s"].notna()
         alone, plain = stats.loc[timed, "latency_s"].to_numpy(float), stats.loc[timed].get("vanilla_latency_s")
     else:
         alone, plain = np.zeros(0), None
     # plain AR alone runs on one image in each block of sweep.in_job_vanilla_every: its mean prices every image
-    plain = plain.dropna().to_numpy(float) if plain is not None and plain.notna().any() else None
+    paired = plain.to_numpy(float) if plain is not None and plain.notna().any() else None
+    plain = paired[~np.isnan(paired)] if paired is not None else None
     return {"batch_size": batch, "latency_b1_images": len(alone),
             "latency_b1_s_per_image": alone.mean() if len(alone) else math.nan,
-            "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan}
+            "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan,
+            "speedup_b1_in_job_se": speedup_se(paired, alone, paired=False) if plain is not None else math.nan}
 
 
 def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
@@ -294,7 +297,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
              "one in N of them, `sweep.in_job_vanilla_every`); "
              "in-job speed-up (batch B) = plain AR timed in the same job on the same batches (all, or one in N: "
              "`sweep.in_job_vanilla_every`) / the method, per-image times being batch wall time / B (throughput); "
-             "across-jobs speed-up = per-image time of the vanilla point / of the "
+             "an in-job speed-up's ± is its bootstrap standard error over the timed images, the job's own spread "
+             "(between days the machine moves speed-ups further); across-jobs speed-up = per-image time of the vanilla point / of the "
              "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
              f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
              "the difference (bootstrap over the generated images; CLIP: per-image SEM; class accuracy: binomial); "
@@ -314,7 +318,7 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
             quality = " | ".join(_fmt(r[c], d, significant=sig) + "†" * (c in beyond) for c, (d, sig) in digits.items())
             lines.append(
                 f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} | "
-                + " | ".join(_fmt(r[c], 2, "×") for c in speed.values())
+                + " | ".join(speed_cell(r, c) for c in speed.values())
                 + f" | {_fmt(r['step_compression'], 2, '×')} | {quality} | {int(r['n_images'])} |")
         lines += noise_lines(part, digits, p)
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
@@ -347,6 +351,12 @@ def modes_side_by_side(sweep: pd.DataFrame, p: TableParams) -> list[str]:
                  [_fmt(parts[m].at[point, col], 2, "×") for col in speed[m].values()]]
         lines.append(f"| {method_label(r)} | {setting(r.to_dict() | {'point': point})} | " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def speed_cell(row, column: str) -> str:
+    """A speed-up with its standard error where it has one (the in-job columns: `{column}_se`)."""
+    se = row.get(f"{column}_se")
+    return _fmt(row[column], 2, "×") + (f" ± {se:.2f}" if se is not None and pd.notna(se) else "")
 
 
 def speed_columns(part: pd.DataFrame) -> dict[str, str]:
