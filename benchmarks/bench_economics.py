@@ -1,7 +1,7 @@
 """Drafter step / target step and verify / target step, at batch 1 and 8 under CFG, all in one process.
 
     python benchmarks/bench_economics.py [--world models/toy/default] [--sizes GPT-B GPT-XL] [--shape 16x96 ...]
-        [--rounds 16 [--gammas 2 3 4] [--trees]]
+        [--rounds 16 [--gammas 2 3 4] [--trees] [--exact-trees '[[0], [1], [0, 0], [0, 0, 0]]' ...]]
 
 Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 16 x 16 tokens, 16384 codes) and any
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
@@ -9,11 +9,13 @@ the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
 (delta 0.05, k 10, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
 tree (each also with the full walk of its acceptance, as on a GPU, without batched_trees.settled's early exits),
-and plain AR, image by image in turn, and prints what a round costs in one-token steps, split into drafting,
+with --exact-trees exact decoding on static trees (a shape's name or its rank paths, as a sweep's `tree:`), and plain
+AR, image by image in turn, and prints what a round costs in one-token steps, split into drafting,
 verifying and the rest (lantern.metrics.economics.round_costs), against the tokens it yields (tau).
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -42,10 +44,12 @@ def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None
               f"verify{positions}/step {r['verify_over_step']:.2f}", flush=True)
 
 
-def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], trees: bool = False) -> None:
+def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], trees: bool = False,
+                  exact_trees: tuple = ()) -> None:
     """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring); the
     exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance; with
-    `trees`, the default run's tree pair too (LANTERN++ lam 5 k 100 on the static and the dynamic tree)."""
+    `trees`, the default run's tree pair too (LANTERN++ lam 5 k 100 on the static and the dynamic tree); exact
+    decoding on each static tree of `exact_trees` (names or rank paths)."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
     exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
@@ -61,6 +65,9 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
 
     decoders = {
         **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
+        **{f"exact tree {tree_label(shape)}": (
+            lambda shape: lambda c, g: decode(target, drafter, c, params, AcceptRule(), shape, g, table)[1])(shape)
+           for shape in map(static_tree, exact_trees)},
         "LANTERN d0.05 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.05, k=10),
                                                  Chain(4), g, table)[1],
         **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
@@ -83,6 +90,11 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
               flush=True)
 
 
+def tree_label(shape) -> str:
+    """A static tree's name, or its rank paths in short: [[0], [1], [0, 0]] -> 0|1|00."""
+    return shape.name if shape.name != "custom" else "|".join("".join(map(str, p)) for p in shape.paths)
+
+
 def random_pair(args: ModelArgs, device, dtype) -> tuple[GPT, Drafter]:
     torch.manual_seed(0)
     target = GPT(args).to(device=device, dtype=dtype).eval()
@@ -103,12 +115,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=0, metavar="N",
                     help="also decode the world's first N images at batch 1 and split a round's cost (0: skip)")
     ap.add_argument("--gammas", type=int, nargs="+", default=[4], help="draft lengths of the exact chain in --rounds")
+    ap.add_argument("--exact-trees", nargs="*", default=[], metavar="TREE",
+                    help="--rounds also splits exact decoding on these static trees: a name (naive_extend_57, "
+                         "twin_chain_8) or rank paths as JSON, '[[0], [1], [0, 0]]'")
     ap.add_argument("--trees", action="store_true", help="--rounds also splits the LANTERN++ static and dynamic trees, with and without the CPU walk's early exits")
     a = ap.parse_args()
     if a.rounds < 0 or (a.rounds and not a.world):
         ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
     if min(a.gammas) < 1:
         ap.error(f"--gammas are draft lengths >= 1, got {a.gammas}")
+    exact_trees = [json.loads(t) if t.lstrip().startswith("[") else t for t in a.exact_trees]
     device, dtype = parse_device(a.device), parse_dtype(a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -123,7 +139,7 @@ def main():
         toy_args = target.args
         if a.rounds:
             with torch.inference_mode():
-                report_rounds(world, target, drafter, a.rounds, a.gammas, a.trees)
+                report_rounds(world, target, drafter, a.rounds, a.gammas, a.trees, exact_trees)
     for size in a.sizes:
         report(f"{size} (random)", *random_pair(named_args(size, image_tokens=256, vocab_size=16384), device, dtype),
                a.batch,
