@@ -81,6 +81,18 @@ class SmokeRun:
     files: frozenset[str]
 
 
+# test files that share the smoke run (a session fixture) and the local SLURM cluster: one xdist worker for all
+SMOKE_FILES = {"test_dag.py", "test_slurm.py", "test_gpu_check.py"}
+
+
+def pytest_collection_modifyitems(items):
+    """Under `pytest -n N --dist loadgroup` (make test), each test file goes to one worker (its module fixtures are
+    built once) and the files that share the smoke run to the same one; a plain `pytest` ignores the marks."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("smoke" if name in SMOKE_FILES else name))
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> SmokeRun:
     """The whole smoke DAG (toy training included), run locally on 2 cores, once per session.
