@@ -23,11 +23,11 @@ run: setup
 	$(BIN)/snakemake --cores $(CORES) $(CONFIG_ARG)
 	$(BIN)/snakemake --cores 1 $(CONFIG_ARG) --report results/report.html
 
-# Two workers: the suite is mostly one process waiting on one core. Each test file runs on one worker, and the three
+# Two workers: run alone, the suite keeps one core of two busy. Each test file runs on one worker, and the three
 # files sharing the smoke DAG's session fixture on the same one (tests/conftest.py), so nothing is built twice.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 smoke: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config/smoke.yaml

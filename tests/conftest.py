@@ -85,12 +85,20 @@ class SmokeRun:
 SMOKE_FILES = {"test_dag.py", "test_slurm.py", "test_gpu_check.py"}
 
 
-def pytest_collection_modifyitems(items):
-    """Under `pytest -n N --dist loadgroup` (make test), each test file goes to one worker (its module fixtures are
-    built once) and the files that share the smoke run to the same one; a plain `pytest` ignores the marks."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("smoke" if name in SMOKE_FILES else name))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s pytest-xdist schedule: a test file's tests on one worker (its module fixtures are built once),
+    and the files that share the smoke run on the same one, which builds it once and runs them in file order. A
+    scheduler rather than xdist_group marks: --dist loadgroup reads marks through a test id that pytest 9 no longer
+    lets a plugin rewrite."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class SmokeTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "smoke" if Path(scope).name in SMOKE_FILES else scope
+
+    return SmokeTogether(config, log)
 
 
 @pytest.fixture(scope="session")
