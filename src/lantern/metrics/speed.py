@@ -73,7 +73,7 @@ def speedup_se(plain: np.ndarray, method: np.ndarray, paired: bool, draws: int =
     batch in N, `--in-job-vanilla-every`); paired: the method's mean over those images only (in_job_speedup), else
     over all n (the batch-1 speed-up). An image is resampled with its pair, so the load that slowed both cancels
     as it does in the ratio. The spread is the job's own: between days the machine moves speed-ups further
-    (docs/development.md). NaN with fewer than two images timed by both."""
+    (docs/decoders.md). NaN with fewer than two images timed by both."""
     plain, method = np.asarray(plain, float), np.asarray(method, float)
     has = ~np.isnan(plain)
     if has.sum() < 2:

@@ -192,12 +192,12 @@ def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
     else:
         alone, plain = np.zeros(0), None
     # plain AR alone runs on one image in each block of sweep.in_job_vanilla_every: its mean prices every image
-    paired = plain.to_numpy(float) if plain is not None and plain.notna().any() else None
-    plain = paired[~np.isnan(paired)] if paired is not None else None
+    by_image = plain.to_numpy(float) if plain is not None and plain.notna().any() else None  # NaN: not timed
+    plain = by_image[~np.isnan(by_image)] if by_image is not None else None
     return {"batch_size": batch, "latency_b1_images": len(alone),
             "latency_b1_s_per_image": alone.mean() if len(alone) else math.nan,
             "speedup_b1_in_job": plain.mean() / alone.mean() if plain is not None and len(alone) else math.nan,
-            "speedup_b1_in_job_se": speedup_se(paired, alone, paired=False) if plain is not None else math.nan}
+            "speedup_b1_in_job_se": speedup_se(by_image, alone, paired=False) if plain is not None else math.nan}
 
 
 def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
@@ -298,8 +298,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
              "in-job speed-up (batch B) = plain AR timed in the same job on the same batches (all, or one in N: "
              "`sweep.in_job_vanilla_every`) / the method, per-image times being batch wall time / B (throughput); "
              "an in-job speed-up's ± is its bootstrap standard error over the timed images, the job's own spread "
-             "(between days the machine moves speed-ups further); across-jobs speed-up = per-image time of the vanilla point / of the "
-             "method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
+             "(between days the machine moves speed-ups further); across-jobs speed-up = per-image time of the "
+             "vanilla point / of the method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
              f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
              "the difference (bootstrap over the generated images; CLIP: per-image SEM; class accuracy: binomial); "
              "unmarked differences are within noise.", ""]
