@@ -31,6 +31,7 @@ from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
 from lantern.engine.stats import GpuPath
 from lantern.engine.trees import DynamicTree, static_tree
+from lantern.errors import UserError
 from lantern.metrics.economics import ratios, round_costs, step_costs
 
 
@@ -49,7 +50,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
     """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring); the
     exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance; with
     `trees`, the default run's tree pair too (LANTERN++ lam 5 k 100 on the static and the dynamic tree); exact
-    decoding on each static tree of `exact_trees` (names or rank paths)."""
+    decoding on each StaticTree of `exact_trees`."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
     exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
@@ -67,7 +68,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
         **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
         **{f"exact tree {tree_label(shape)}": (
             lambda shape: lambda c, g: decode(target, drafter, c, params, AcceptRule(), shape, g, table)[1])(shape)
-           for shape in map(static_tree, exact_trees)},
+           for shape in exact_trees},
         "LANTERN d0.05 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.05, k=10),
                                                  Chain(4), g, table)[1],
         **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
@@ -124,7 +125,10 @@ def main():
         ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
     if min(a.gammas) < 1:
         ap.error(f"--gammas are draft lengths >= 1, got {a.gammas}")
-    exact_trees = [json.loads(t) if t.lstrip().startswith("[") else t for t in a.exact_trees]
+    try:  # before any model is loaded
+        exact_trees = [static_tree(json.loads(t) if t.lstrip().startswith("[") else t) for t in a.exact_trees]
+    except (ValueError, UserError) as e:
+        ap.error(f"--exact-trees: {e}")
     device, dtype = parse_device(a.device), parse_dtype(a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
