@@ -53,7 +53,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
     decoding on each StaticTree of `exact_trees`."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
-    exact = lambda gamma: lambda c, g: decode(target, drafter, c, params, AcceptRule(), Chain(gamma), g, table)[1]  # noqa: E731
+    exact = lambda drafting: lambda c, g: decode(target, drafter, c, params, AcceptRule(), drafting, g, table)[1]  # noqa: E731
     def tree(shape, full_walk: bool):
         """LANTERN++ on a tree; full_walk: its sampled acceptance without the CPU's early exits, as on a GPU."""
         def run(c, g):
@@ -65,10 +65,8 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
         return run
 
     decoders = {
-        **{f"exact chain g{gamma}": exact(gamma) for gamma in gammas},
-        **{f"exact tree {tree_label(shape)}": (
-            lambda shape: lambda c, g: decode(target, drafter, c, params, AcceptRule(), shape, g, table)[1])(shape)
-           for shape in exact_trees},
+        **{f"exact chain g{gamma}": exact(Chain(gamma)) for gamma in gammas},
+        **{f"exact tree {tree_label(shape)}": exact(shape) for shape in exact_trees},
         "LANTERN d0.05 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.05, k=10),
                                                  Chain(4), g, table)[1],
         **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
