@@ -2,6 +2,8 @@
 recorded in `lantern sample`'s manifest either way."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -52,3 +54,20 @@ def test_sample_manifest_records_the_settings(tmp_path, restored):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["determinism"] == settings(torch.device("cpu"))
     assert manifest["determinism"]["applies"].startswith("not applicable")
+
+
+def test_an_eager_cpu_job_never_loads_inductor(tmp_path):
+    """Inductor's config pulls in dynamo (over a second of every job's start-up); an eager CPU job needs neither, and
+    its manifest then says null for inductor's switch. In a fresh process: this one has inductor loaded."""
+    world = save_world(tmp_path, tiny_target())
+    args = ["--target", str(world / "target.pt"), "--vq", str(world / "vq.pt"), "--method", '{"name": "vanilla"}',
+            "--start", "0", "--end", "1", "--out", str(tmp_path / "out"), "--device", "cpu", "--threads", "1",
+            "--no-warmup"]
+    code = ("import json, sys; from lantern.pipeline.sample import main; main(json.loads(sys.argv[1])); "
+            "print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["determinism"]["inductor_deterministic"] is None

@@ -30,7 +30,7 @@ from PIL import Image
 from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
 from lantern.engine.compiled import resolve
-from lantern.pipeline.determinism import configure as configure_determinism
+from lantern.pipeline.determinism import configure as configure_determinism, settings as determinism_settings
 from lantern.engine.methods import build_decoder, normalize, speculative
 from lantern.engine.model import PAD_SEMANTICS
 from lantern.errors import UserError
@@ -307,7 +307,7 @@ def main(argv: list[str]) -> None:
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = parse_device(a.device)
-    determinism = configure_determinism(device)  # before any CUDA kernel (cuBLAS reads its workspace setting once)
+    configure_determinism(device)  # before any CUDA kernel (cuBLAS reads its workspace setting once)
     for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
         if path and not Path(path).is_file():
             raise not_a_file(what, path)
@@ -368,7 +368,7 @@ def main(argv: list[str]) -> None:
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
         "wall_s_this_run": time.time() - started,
         "environment": environment(device),
-        "determinism": determinism,
+        "determinism": determinism_settings(device),  # after the work: a compiled job has loaded inductor by now
     })
     shutil.rmtree(partial / "rows")
     (partial / "job.json").unlink()
