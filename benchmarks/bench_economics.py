@@ -1,7 +1,8 @@
 """Drafter step / target step and verify / target step, at batch 1 and 8 under CFG, all in one process.
 
     python benchmarks/bench_economics.py [--world models/toy/default] [--sizes GPT-B GPT-XL] [--shape 16x96 ...]
-        [--rounds 16 [--gammas 2 3 4] [--trees] [--exact-trees '[[0], [1], [0, 0], [0, 0, 0]]' ...]]
+        [--rounds 16 [--gammas 2 3 4] [--trees] [--exact-trees '[[0], [1], [0, 0], [0, 0, 0]]' ...]
+         [--lanternpp-trees twin_chain_8 '[[0], [0, 0], [0, 0, 0]]' ...]]
 
 Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 16 x 16 tokens, 16384 codes) and any
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
@@ -9,7 +10,8 @@ the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
 (delta 0.05, k 10, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
 tree (each also with the full walk of its acceptance, as on a GPU, without batched_trees.settled's early exits),
-with --exact-trees exact decoding on static trees (a shape's name or its rank paths, as a sweep's `tree:`), and plain
+with --exact-trees exact decoding and with --lanternpp-trees LANTERN++ (lam 5, k 100) on more static trees (a
+shape's name or its rank paths, as a sweep's `tree:`), and plain
 AR, image by image in turn, and prints what a round costs in one-token steps, split into drafting,
 verifying and the rest (lantern.metrics.economics.round_costs), against the tokens it yields (tau).
 """
@@ -46,11 +48,11 @@ def report(name: str, target: GPT, drafter, batches, positions, repeats) -> None
 
 
 def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], trees: bool = False,
-                  exact_trees: tuple = ()) -> None:
+                  exact_trees: tuple = (), lanternpp_trees: tuple = ()) -> None:
     """Rounds of the chain decoders in use, at batch 1: their cost in steps against tau (module docstring); the
     exact chain at every draft length in `gammas`, since the best one depends on the drafter's acceptance; with
     `trees`, the default run's tree pair too (LANTERN++ lam 5 k 100 on the static and the dynamic tree); exact
-    decoding on each StaticTree of `exact_trees`."""
+    decoding on each StaticTree of `exact_trees`, LANTERN++ on each of `lanternpp_trees`."""
     table = nearest_neighbours(read_codebook(world / "vq.pt"), 100).long().to(target.output.weight.device)
     params, classes = SamplingParams(cfg_scale=2.0), target.args.num_classes
     exact = lambda drafting: lambda c, g: decode(target, drafter, c, params, AcceptRule(), drafting, g, table)[1]  # noqa: E731
@@ -72,6 +74,7 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
         **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
             for kind, shape in (("static", static_tree("naive_extend_57")), ("dynamic", DynamicTree()))
             for full in (False, True)} if trees else {}),
+        **{f"LANTERN++ tree {tree_label(shape)}": tree(shape, False) for shape in lanternpp_trees},
         "plain AR": lambda c, g: generate(target, c, params, g)[1],
     }
     device = target.output.weight.device
@@ -117,16 +120,20 @@ def main():
     ap.add_argument("--exact-trees", nargs="*", default=[], metavar="TREE",
                     help="--rounds also splits exact decoding on these static trees: a name (naive_extend_57, "
                          "twin_chain_8) or rank paths as JSON, '[[0], [1], [0, 0]]'")
+    ap.add_argument("--lanternpp-trees", nargs="*", default=[], metavar="TREE",
+                    help="--rounds also splits LANTERN++ (lam 5, k 100) on these static trees, as --exact-trees")
     ap.add_argument("--trees", action="store_true", help="--rounds also splits the LANTERN++ static and dynamic trees, with and without the CPU walk's early exits")
     a = ap.parse_args()
     if a.rounds < 0 or (a.rounds and not a.world):
         ap.error("--rounds takes N >= 0 images and needs --world (its target, drafter and vq.pt)")
     if min(a.gammas) < 1:
         ap.error(f"--gammas are draft lengths >= 1, got {a.gammas}")
-    try:  # before any model is loaded
-        exact_trees = [static_tree(json.loads(t) if t.lstrip().startswith("[") else t) for t in a.exact_trees]
-    except (ValueError, UserError) as e:
-        ap.error(f"--exact-trees: {e}")
+    trees = {}
+    for flag in ("exact_trees", "lanternpp_trees"):  # before any model is loaded
+        try:
+            trees[flag] = [static_tree(json.loads(t) if t.lstrip().startswith("[") else t) for t in getattr(a, flag)]
+        except (ValueError, UserError) as e:
+            ap.error(f"--{flag.replace('_', '-')}: {e}")
     device, dtype = parse_device(a.device), parse_dtype(a.dtype)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -141,7 +148,7 @@ def main():
         toy_args = target.args
         if a.rounds:
             with torch.inference_mode():
-                report_rounds(world, target, drafter, a.rounds, a.gammas, a.trees, exact_trees)
+                report_rounds(world, target, drafter, a.rounds, a.gammas, a.trees, **trees)
     for size in a.sizes:
         report(f"{size} (random)", *random_pair(named_args(size, image_tokens=256, vocab_size=16384), device, dtype),
                a.batch,
