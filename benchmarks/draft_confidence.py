@@ -61,9 +61,14 @@ def main():
     a = ap.parse_args()
     if a.images < 2:
         ap.error(f"--images must be >= 2, got {a.images}")
+    if a.threads < 0:
+        ap.error(f"--threads must be >= 0 (0: torch's default), got {a.threads}")
     if a.threads:
         torch.set_num_threads(a.threads)
     world = Path(a.world)
+    for name in ("target.pt", "drafter.pt"):
+        if not (world / name).is_file():
+            ap.error(f"--world {a.world} has no {name}: point it at a folder with the target and its drafter")
     target = load_gpt(world / "target.pt", dtype="fp32", device="cpu")
     drafter = load_drafter(world / "drafter.pt", target).eval()
     with torch.inference_mode():
