@@ -3,15 +3,16 @@ acceptance probability min(1, p(x) / q(x)), teacher-forced over the target's own
 
     python benchmarks/draft_confidence.py [--world models/toy/default] [--images 64] [--cfg 2.0] [--threads 1]
 
-The target draws --images samples (CFG --cfg, sampling, seeds 123 / image index, labels cycling over the classes);
-at every image position the drafter then predicts from the true prefix and the target's true hidden states, as
-after a catch-up, so every draft here is a chain's first. Both distributions are the ones decoding verifies and
+The target draws --images samples (CFG --cfg, sampling, as the drafter trainer's self_generate with seed 123,
+labels cycling over the classes); at every image position the drafter then predicts from the true prefix and the
+target's true hidden states, as after a catch-up, so every draft here is a chain's first. Both distributions are the ones decoding verifies and
 draws from (batched.batch_probs: CFG-mixed and filtered). Each position's draft is drawn from q with a fixed
 generator. Printed: the correlation of q(x) with the acceptance probability, their mean by bins of q(x), and the
 expected acceptance sum min(p, q). A chain that stopped drafting on an unsure draft would need this correlation.
 """
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -19,16 +20,17 @@ import torch
 from lantern.engine.batched import batch_probs
 from lantern.engine.checkpoint import load_gpt
 from lantern.engine.drafter import load_drafter, target_states
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, draw, image_generator
+from lantern.engine.sampling import SamplingParams, draw
+from lantern.pipeline.train_drafter import self_generate
 
 BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 1.0)
 
 
 def own_samples(target, n: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(labels [n], tokens [n, N]): the target's samples, seeds 123 / image index, labels cycling over the classes."""
+    """(labels [n], tokens [n, N]): the target's own samples as the drafter trainer draws them (seed 123), labels
+    cycling over the classes."""
     labels = torch.arange(n) % target.args.num_classes
-    return labels, generate(target, labels, params, [image_generator(123, i) for i in range(n)])[0]
+    return labels, self_generate(target, labels, dataclasses.asdict(params), seed=123)
 
 
 def first_draft_confidence(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, params: SamplingParams
