@@ -783,7 +783,7 @@ def test_an_overlay_without_keys_is_refused_by_snakemake_too(tmp_path):
 
 
 def test_mode_images_caps_and_never_demands(tmp_path):
-    """config.yaml's mode_images {greedy: 32} under an overlay's n_images: 8: greedy decodes min(32, 8) = 8."""
+    """config.yaml's mode_images {greedy: 64} under an overlay's n_images: 8: greedy decodes min(64, 8) = 8."""
     from lantern.pipeline.config import mode_images, mode_shard_ranges, shard_ranges, validate_config
 
     path = config_file(tmp_path, "eight.yaml", "sweep: {n_images: 8}\n")
@@ -794,8 +794,8 @@ def test_mode_images_caps_and_never_demands(tmp_path):
     cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 8}}))
     assert mode_images(cfg["sweep"], "greedy") == 8
     assert mode_shard_ranges(cfg["sweep"], "greedy") == shard_ranges(8, 1, 8)
-    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 64}}))
-    assert mode_images(cfg["sweep"], "greedy") == 32  # below n_images the cap still holds
+    cfg = validate_config(merge(yaml.safe_load(Path(CONFIG).read_text()), {"sweep": {"n_images": 96}}))
+    assert mode_images(cfg["sweep"], "greedy") == 64  # below n_images the cap still holds
 
 
 # -- a full or unwritable disk, wherever the project writes: one line naming the path, nothing half-written --------

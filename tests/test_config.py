@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.pipeline.config import (data_params, expand_methods, mode_shard_ranges, target_extra_images,
-                                     target_params, validate_config, vq_params)
+from lantern.pipeline.config import (data_params, expand_methods, latency_counts, mode_shard_ranges,
+                                     target_extra_images, target_params, validate_config, vq_params)
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +64,20 @@ def test_mode_images_take_the_first_images_of_each_shard():
                                      "batch_size": {"sampling": 8, "greedy": 8}, "mode_images": {"greedy": 33}}})
     assert mode_shard_ranges(cfg["sweep"], "sampling") == [(0, 96), (96, 200)]
     assert mode_shard_ranges(cfg["sweep"], "greedy") == [(0, 16), (96, 113)]
+
+
+def test_latency_images_are_each_modes_first_images_whatever_the_shards():
+    """sweep.latency_images counts the mode's images in index order: the sampling shards' first 96 + 16, the greedy
+    shards' 16 + 17 (its first of each shard); with one shard, the prefix."""
+    sweep = {"modes": ["sampling", "greedy"], "n_images": 200, "batch_size": {"sampling": 8, "greedy": 8},
+             "mode_images": {"greedy": 33}, "latency_images": 112}
+    cfg = validate_config({"sweep": {**sweep, "shards": 2}})
+    assert latency_counts(cfg["sweep"], "sampling") == [96, 16]
+    assert latency_counts(cfg["sweep"], "greedy") == [16, 17]
+    one = validate_config({"sweep": {**sweep, "shards": 1, "latency_images": 32}})
+    assert latency_counts(one["sweep"], "sampling") == [32] and latency_counts(one["sweep"], "greedy") == [32]
+    with pytest.raises(UserError, match=r"sweep\.latency_images = 12 must be a multiple of every mode's batch size \(8\)"):
+        validate_config({"sweep": {**sweep, "shards": 1, "latency_images": 12}})
 
 
 def test_mode_images_of_a_mode_that_does_not_run_are_ignored():

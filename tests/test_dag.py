@@ -162,10 +162,10 @@ def test_shard_count_does_not_change_images(smoke_run, tmp_path):
 
 def test_batched_generation_draws_the_unbatched_images(smoke_run, tmp_path):
     """sweep.batch_size 2: every point's images equal the batch-1 smoke run's, and the tables carry the batch and
-    the batch-1 latency of the images also decoded alone (sweep.latency_images)."""
+    the batch-1 latency of the images decoded alone (sweep.latency_images 2: shard 0's images; shard 1 batched)."""
     wd = copy_workdir(smoke_run.workdir, tmp_path / "wd")
     shutil.rmtree(wd / SMOKE_OUT / "gen")
-    overlay = {"sweep": {"batch_size": {"sampling": 2}, "latency_images": 1}}
+    overlay = {"sweep": {"batch_size": {"sampling": 2}, "latency_images": 2}}
     log = tmp_path / "batched.log"
     r = run_logged(smoke_cmd(wd, "--cores", "2", targets=(f"{SMOKE_OUT}/tables/sweep.csv",), overlay=overlay), log)
     assert r.returncode == 0, tail(log)
@@ -173,8 +173,12 @@ def test_batched_generation_draws_the_unbatched_images(smoke_run, tmp_path):
         batched = images(wd / SMOKE_OUT / "gen" / "sampling" / point)
         assert len(batched) == 4 and batched == images(smoke_run.out / "gen" / "sampling" / point), point
     sweep = pd.read_csv(wd / SMOKE_OUT / "tables" / "sweep.csv").set_index("point")
-    assert (sweep["batch_size"] == 2).all() and (sweep["latency_b1_images"] == 2).all()  # one per shard
+    assert (sweep["batch_size"] == 2).all() and (sweep["latency_b1_images"] == 2).all()
     assert sweep["speedup_b1_in_job"].notna().all() and sweep["speedup_vs_in_job_vanilla"].notna().all()
+    for point in POINTS:  # each image decoded once: shard 0's alone, shard 1's in one batch
+        sizes = [pd.read_csv(wd / SMOKE_OUT / "gen" / "sampling" / point / f"shard{j}" / "stats.csv")["batch_size"]
+                 .tolist() for j in range(2)]
+        assert sizes == [[1, 1], [2, 2]], point
 
 
 def test_mode_images_draw_the_first_images_of_each_shard(smoke_run, tmp_path):

@@ -39,7 +39,7 @@ def overlay(world: dict, model_type: str) -> dict:
         },
         "neighbours": {"max_k": 50},
         "sweep": {"n_images": 4, "shards": 2, "in_job_vanilla": True, "modes": ["sampling"],
-                  "batch_size": {"sampling": 2, "greedy": 2}, "latency_images": 1, "methods": [
+                  "batch_size": {"sampling": 2, "greedy": 2}, "latency_images": 2, "methods": [
             {"name": "vanilla"},
             {"name": "exact", "drafting": "chain", "gamma": 3},
             {"name": "lantern", "drafting": "chain", "gamma": 3, "delta": 0.2, "k": 50},
@@ -71,8 +71,9 @@ def test_t2i_recipe_runs_end_to_end(world, tmp_path):
     sweep = pd.read_csv(out / "tables" / "sweep.csv").set_index("point")
     assert set(POINTS) <= set(sweep.index)
     assert (sweep.loc[POINTS, "fid"] >= 0).all() and sweep.loc[POINTS, "clip_score"].notna().all()
-    # decoded in batches of 2 with ragged caption masks; one image per shard also alone (batch-1 latency)
+    # shard 1 decoded in a batch of 2 with ragged caption masks; shard 0's two images alone (batch-1 latency)
     assert (sweep["batch_size"] == 2).all() and (sweep["latency_b1_images"] == 2).all()
+    assert sweep["latency_s_per_image"].notna().all()
     assert (out / "llamagen" / "drafter" / "trained.pt").is_file()
     report = tmp_path / "report.html"
     r = run_logged(snakemake(tmp_path, T2I_RECIPE, overlay(world, "t2i"), "--report", str(report)), log, timeout=3600)

@@ -14,7 +14,7 @@ def stats(method, mode, times, n_tokens=64, forwards=64, drafter=0, **extra):
     rows = [dict(image_index=i, seed=i, label=i % 16, method=method, mode=mode, n_tokens=n_tokens,
                  target_forwards=forwards, drafter_forwards=drafter, steps=forwards, accepted_total=n_tokens - forwards,
                  tau=n_tokens / forwards, time_total_s=t, time_draft_s=0.0, time_verify_s=t, time_other_s=0.0,
-                 peak_mem_bytes=float("nan"), batch_size=1, **extra)
+                 peak_mem_bytes=float("nan"), **{"batch_size": 1, **extra})
             for i, t in enumerate(times)]
     return pd.DataFrame(rows)
 
@@ -87,6 +87,23 @@ def test_in_job_speedup_pairs_the_images_that_carry_a_reference():
                        speed.IN_JOB_REFERENCE: [0.3, 0.3, math.nan, math.nan]})
     assert speed.summarize(df)["speedup_vs_in_job_vanilla"] == pytest.approx(3.0)
     assert math.isnan(speed.in_job_speedup(df.assign(**{speed.IN_JOB_REFERENCE: math.nan})))
+
+
+def test_images_decoded_alone_stay_out_of_the_batched_times():
+    """Rows a batched job decoded alone (latency_s at batch 1) carry batch-1 times: the batched latency, throughput
+    and in-job ratio leave them out, tau keeps them. Older jobs also decoded those images in their batches (batch
+    B with latency_s): those rows count. A job of alone rows only reports their times."""
+    batched = stats("exact", "sampling", [0.1, 0.1], forwards=32, batch_size=8).assign(
+        **{speed.IN_JOB_REFERENCE: [0.2, 0.2]})
+    alone = stats("exact", "sampling", [0.5, 0.5], forwards=16)
+    alone = alone.assign(**{speed.ALONE: alone["time_total_s"], speed.ALONE_REFERENCE: [0.9, math.nan]})
+    row = speed.summarize(pd.concat([alone, batched], ignore_index=True))
+    assert row["n_images_timed"] == 2 and row["latency_s_per_image"] == pytest.approx(0.1)
+    assert row["speedup_vs_in_job_vanilla"] == pytest.approx(2.0)
+    assert row["tau_incl_bonus"] == pytest.approx(256 / 96)
+    older = pd.concat([batched, batched.assign(**{speed.ALONE: 0.4})], ignore_index=True)
+    assert not speed.decoded_alone(older).any() and speed.summarize(older)["n_images_timed"] == 4
+    assert speed.summarize(alone)["latency_s_per_image"] == pytest.approx(0.5)
 
 
 def test_speedup_se_is_zero_for_constant_times_and_nan_without_two_pairs():

@@ -80,22 +80,43 @@ def test_a_killed_job_redoes_its_unfinished_batch_in_full(world, tmp_path, monke
     assert resumed.tokens.tolist() == draw(world, tmp_path / "whole", "--batch-size", "3", end=6).tokens.tolist()
 
 
-def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
+def test_latency_images_are_decoded_alone_once_and_reach_the_tables(world, tmp_path, monkeypatch):
+    """--latency-images 2 at batch 2: images 0 and 1 are decoded alone (batch 1), only there, and images 2..5 in two
+    batches; the tables take batch-1 latency from the first, the batched columns from the second."""
+    decoded = []
+    real_init = sample_module.Decoder.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        run = self.run
+        self.run = lambda cond, generators, mask=None: decoded.append(len(generators)) or run(cond, generators, mask)
+
+    monkeypatch.setattr(sample_module.Decoder, "__init__", spy)
     root = tmp_path / "gen" / "sampling"
     for point, method in (("vanilla", '{"name": "vanilla"}'), ("exact-chain-g3", EXACT)):
-        stats = draw(world, root / point / "shard0", "--batch-size", "3", "--latency-images", "2", "--in-job-vanilla",
-                     method=method)
+        decoded.clear()
+        stats = draw(world, root / point / "shard0", "--batch-size", "2", "--latency-images", "2", "--in-job-vanilla",
+                     method=method, end=6)
+        assert decoded == [2, 2, 1, 1]  # every image once: two batches, then the images alone
+        assert stats["batch_size"].tolist() == [1, 1, 2, 2, 2, 2]
         timed = stats["latency_s"] != ""
-        assert timed.tolist() == [True, True, False, False, False]
+        assert timed.tolist() == [True, True, False, False, False, False]
+        assert stats.loc[timed, "latency_s"].astype(float).tolist() == stats.loc[timed, "time_total_s"].tolist()
         assert ("vanilla_latency_s" in stats) == (point != "vanilla")
+        assert stats.tokens.tolist() == draw(world, tmp_path / point, method=method, end=6).tokens.tolist()
     sweep, _, _ = sweep_table([root / p / "shard0" for p in ("vanilla", "exact-chain-g3")], [])
     row = sweep.set_index("point").loc["exact-chain-g3"]
     stats = pd.read_csv(root / "exact-chain-g3" / "shard0" / "stats.csv")
-    assert row["batch_size"] == 3 and row["latency_b1_images"] == 2
-    assert row["latency_b1_s_per_image"] == pytest.approx(stats["latency_s"].mean())
-    assert row["speedup_b1_in_job"] == pytest.approx(stats["vanilla_latency_s"].mean() / stats["latency_s"].mean())
-    alone = stats.dropna(subset=["latency_s"])
+    alone, batched = stats.iloc[:2], stats.iloc[2:]
+    assert row["batch_size"] == 2 and row["latency_b1_images"] == 2 and row["n_images"] == 6
+    assert row["latency_b1_s_per_image"] == pytest.approx(alone["latency_s"].mean())
+    assert row["speedup_b1_in_job"] == pytest.approx(alone["vanilla_latency_s"].mean() / alone["latency_s"].mean())
     assert row["speedup_b1_in_job_se"] == speedup_se(alone["vanilla_latency_s"], alone["latency_s"], paired=False)
+    assert row["latency_s_per_image"] == pytest.approx(batched["time_total_s"].mean())
+    assert row["time_verify_s_per_image"] == pytest.approx(batched["time_verify_s"].mean())
+    assert row["speedup_vs_in_job_vanilla"] == pytest.approx(batched["vanilla_time_total_s"].mean()
+                                                             / batched["time_total_s"].mean())
+    assert row["tau_incl_bonus"] == pytest.approx(stats["n_tokens"].sum() / stats["target_forwards"].sum())
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
     # batch-1 latency, timed at every point, is the headline; the batched in-job ratio comes second
     assert (sweep["speedup_kind"] == "in-job, batch 1").all()
@@ -104,8 +125,18 @@ def test_latency_images_time_batch_one_and_reach_the_tables(world, tmp_path):
     assert math.isnan(sweep.set_index("point").loc["vanilla", "speedup_se"])
     cells = next(r for r in summary_markdown(sweep, TableParams()).splitlines() if r.startswith("| Exact SD"))
     assert f"{row['speedup_b1_in_job']:.2f}× ± {row['speedup_b1_in_job_se']:.2f}" in cells
-    assert list(speed_columns(sweep)) == ["In-job speed-up (batch 1)", "In-job speed-up (batch 3)",
-                                          "Speed-up across jobs (batch 3)"]
+    assert list(speed_columns(sweep)) == ["In-job speed-up (batch 1)", "In-job speed-up (batch 2)",
+                                          "Speed-up across jobs (batch 2)"]
+
+
+def test_a_range_decoded_alone_leaves_the_batched_columns_empty(world, tmp_path):
+    """Every image of the range alone (--latency-images >= its size): batch-1 latency only, no batched time."""
+    root = tmp_path / "gen" / "sampling"
+    draw(world, root / "exact-chain-g3" / "shard0", "--batch-size", "2", "--latency-images", "4", "--in-job-vanilla",
+         end=4)
+    row = sweep_table([root / "exact-chain-g3" / "shard0"], [])[0].iloc[0]
+    assert row["batch_size"] == 2 and row["latency_b1_images"] == 4 and row["speedup_b1_in_job"] > 0
+    assert math.isnan(row["latency_s_per_image"]) and math.isnan(row["speedup_vs_in_job_vanilla"])
 
 
 def test_in_job_vanilla_every_prices_plain_ar_alone_on_one_latency_image_per_block(world, tmp_path):

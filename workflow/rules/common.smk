@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
-                                     mode_shard_ranges, shard_alignment, shard_ranges, target_extra_images,
-                                     target_params, target_source, target_spec, validate_config, vq_params)
+                                     latency_counts, mode_shard_ranges, shard_alignment, shard_ranges,
+                                     target_extra_images, target_params, target_source, target_spec, validate_config,
+                                     vq_params)
 from lantern.engine.methods import (decoder_spec, mode_points, needs_drafter, needs_neighbours, relaxation_axes,
                                    speculative)
 from lantern.errors import UserError

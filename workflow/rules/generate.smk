@@ -28,7 +28,7 @@ rule generate:
         ),
         batch=lambda w: config["sweep"]["batch_size"][w.mode],
         compile=str(config["compile"]).lower(),
-        latency=config["sweep"]["latency_images"],
+        latency=lambda w: latency_counts(config["sweep"], w.mode)[int(w.shard)],
         pad=config["llamagen"]["pad_semantics"],
     conda:
         "../../environment.yml"

@@ -24,6 +24,8 @@ from lantern.params import params_from
 
 REQUIRED = ("method", "time_total_s")
 IN_JOB_REFERENCE = "vanilla_time_total_s"
+# A batched job's images decoded alone (`lantern sample --latency-images`): their batch-1 time, and plain AR's alone
+ALONE, ALONE_REFERENCE = "latency_s", "vanilla_latency_s"
 
 
 @dataclass
@@ -44,6 +46,15 @@ def read_stats(paths: list[str | os.PathLike]) -> pd.DataFrame:
             raise UserError(f"stats table {path} lacks column(s) {missing}; is it a `lantern sample` stats.csv?")
         frames.append(df.assign(stats_file=str(path)))
     return pd.concat(frames, ignore_index=True)
+
+
+def decoded_alone(df: pd.DataFrame) -> pd.Series:
+    """The rows of a batched job's images decoded alone for batch-1 latency (ALONE set, decoded at batch 1): the
+    batched timings leave them out. A job before 2026-11-27 also decoded those images in its batches; its rows
+    carry batch B and count as batched."""
+    if ALONE not in df.columns or "batch_size" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df[ALONE].notna() & (df["batch_size"] == 1)
 
 
 def _mean(df: pd.DataFrame, col: str) -> float:
@@ -91,13 +102,15 @@ def summarize(df: pd.DataFrame) -> dict:
     """One sweep point's speed row from its per-image stats (all shards together)."""
     if df.empty:
         raise UserError("stats table has no rows")
-    total_s = float(df["time_total_s"].sum())
-    n = len(df)
     has = df.columns.__contains__
     if has("n_tokens") and has("target_forwards"):
         tau = float(df["n_tokens"].sum() / df["target_forwards"].sum())
     else:
         tau = _mean(df, "tau")
+    alone = decoded_alone(df)
+    df = df if alone.all() else df[~alone]  # times at the job's batch size; only batch-1 times when all are alone
+    total_s = float(df["time_total_s"].sum())
+    n = len(df)
     row = {
         "method": ",".join(sorted(map(str, df["method"].unique()))),
         "n_images_timed": n,

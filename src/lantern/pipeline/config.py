@@ -217,6 +217,11 @@ def _check_sweep(cfg: dict) -> None:
         raise UserError(f"config: sweep.shards = {sweep['shards']} leaves a shard without images once shard "
                         f"boundaries fall on multiples of the batch size ({shard_alignment(sweep)}): lower shards or "
                         "sweep.batch_size")
+    align = shard_alignment(sweep)
+    if sweep["latency_images"] % align:
+        raise UserError(f"config: sweep.latency_images = {sweep['latency_images']} must be a multiple of every mode's "
+                        f"batch size ({align}): the images decoded alone are not decoded again in batches, which "
+                        "start where they end")
     # A mode that does not run keeps its entry unread: a layered config (smoke.yaml, --config sweep=...) that drops
     # greedy from modes cannot delete config.yaml's mode_images.greedy, as Snakemake merges dictionaries.
     for mode, m in sweep.get("mode_images", {}).items():
@@ -542,6 +547,17 @@ def mode_shard_ranges(sweep: dict, mode: str) -> list[tuple[int, int]]:
         return base
     counts = [hi - lo for lo, hi in shard_ranges(m, sweep["shards"])]
     return [(lo, lo + c) for (lo, _), c in zip(base, counts)]
+
+
+def latency_counts(sweep: dict, mode: str) -> list[int]:
+    """Per shard of `mode`, how many images its job decodes alone (`lantern sample --latency-images`, the first of
+    its range): the mode's first sweep.latency_images images in index order, wherever the shards cut, so that
+    sharding never changes which images are decoded alone."""
+    left, counts = sweep["latency_images"], []
+    for lo, hi in mode_shard_ranges(sweep, mode):
+        counts.append(min(left, hi - lo))
+        left -= counts[-1]
+    return counts
 
 
 def evaluate_params(cfg: dict, clip_weights: str, classifier_weights: str = "") -> dict:

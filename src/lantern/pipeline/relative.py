@@ -1,7 +1,7 @@
 """Sweep columns relative to plain AR of the same mode: speed-ups and the quality noise band.
 
 Speed. The headline speed-up is the paper's: batch-1 latency measured in one process (`speedup_b1_in_job`: images
-also decoded alone, and plain AR alone, in the method's own job), where every point of a mode timed it; else the
+decoded alone, and plain AR alone, in the method's own job), where every point of a mode timed it; else the
 batched in-job ratio (`speedup_vs_in_job_vanilla`: plain AR timed in the method's own job on the same batches).
 Both are taken in one process because two jobs may land on differently loaded cores, and both carry a bootstrap
 standard error over the timed images (`speedup_se`, from `*_se`; speed.speedup_se). The across-jobs

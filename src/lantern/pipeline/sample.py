@@ -3,7 +3,9 @@
 Images are decoded in batches of --batch-size aligned to the image index (batch j holds images jB .. jB + B - 1 of
 the range), so a shard boundary at a multiple of B never changes a batch. Every image draws from its own
 generator, seeded from (seed, i): batched and one-by-one decoding give the same tokens up to float rounding of
-batched kernels. Per-image times of a batch are its wall time / B (throughput); batch 1 gives latency.
+batched kernels. Per-image times of a batch are its wall time / B (throughput); batch 1 gives latency. With
+--latency-images K the first K images of the range are decoded alone instead (batch-1 latency beside the batched
+throughput, each image decoded once), and the batches start after them.
 The output folder appears only when the shard is complete (built in `<out>.partial`, then renamed). A killed job
 leaves its finished batches in `<out>.partial`; the rerun keeps them (they are byte-identical by construction) and
 decodes the rest, a batch always in full.
@@ -38,7 +40,7 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
-from lantern.metrics.speed import IN_JOB_REFERENCE
+from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -199,23 +201,6 @@ def drop_outside_range(partial: Path, start: int, end: int) -> None:
                 f.unlink()
 
 
-def time_alone(decoder: Decoder, condition: Conditions, partial: Path, a, reference: bool) -> None:
-    """The first --latency-images images of the range decoded alone (batch 1), and with plain AR alone (one image in
-    each block of --in-job-vanilla-every, drawn as for batches: plain AR's cost does not depend on the image, so a
-    subset prices it, and the method is timed on every image): their latencies join the images' rows; the images
-    themselves are the batch's."""
-    for i in range(a.start, min(a.start + a.latency_images, a.end)):
-        path = partial / "rows" / f"{i:06d}.json"
-        row = json.loads(path.read_text())
-        if "latency_s" in row:
-            continue
-        cond, cond_mask = condition([i])
-        row["latency_s"] = decoder.run(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
-        if reference and reference_batch(i, 1, a.in_job_vanilla_every):
-            row["vanilla_latency_s"] = decoder.reference(cond, [image_generator(a.seed, i)], cond_mask)[1][0].time_total_s
-        write_json(path, row)
-
-
 def warm_up(decoder: Decoder, condition: Conditions, first: list[int], a, reference: bool) -> None:
     """Untimed decodes that keep one-time costs out of every timed one. Eager, those costs are per process (lazy
     init, allocator growth, the first kernel calls): one image alone pays them, and a later batch of 8 then runs as
@@ -273,9 +258,9 @@ def parse_args(argv):
                     "speculative decoders (auto: on CUDA only)")
     ap.add_argument("--batch-size", type=int, default=1, help="images decoded together (aligned to the image "
                     "index; per-image times become batch wall time / B); 1 = the paper's per-image latency")
-    ap.add_argument("--latency-images", type=int, default=0, help="with --batch-size > 1: also decode the first K "
-                    "images alone (and, with --in-job-vanilla, with plain AR alone): batch-1 latency (latency_s, "
-                    "vanilla_latency_s)")
+    ap.add_argument("--latency-images", type=int, default=0, help="with --batch-size > 1: decode the first K "
+                    "images of the range alone instead of in batches (and, with --in-job-vanilla, with plain AR "
+                    "alone): batch-1 latency (latency_s, vanilla_latency_s); the batches start after them")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up (one image alone; "
                     "the first batch, and batch 1, when compiled)")
     ap.add_argument("--in-job-vanilla", action="store_true",
@@ -328,31 +313,36 @@ def main(argv: list[str]) -> None:
     (partial / "images").mkdir(parents=True, exist_ok=True)
     (partial / "rows").mkdir(exist_ok=True)
     reference = a.in_job_vanilla and method["name"] != "vanilla"
-    batches = aligned_batches(a.start, a.end, a.batch_size)
+    # With batches, the first --latency-images images are decoded alone instead (batch-1 latency), each timed with
+    # plain AR alone right after it (one in each block of --in-job-vanilla-every); the rest in aligned batches.
+    split = min(a.start + a.latency_images, a.end) if a.batch_size > 1 else a.start
+    passes = ([(batch, a.batch_size) for batch in aligned_batches(split, a.end, a.batch_size)]
+              + [([i], 1) for i in range(a.start, split)])
     if not a.no_warmup:
-        warm_up(decoder, condition, batches[0], a, reference)
+        warm_up(decoder, condition, passes[0][0], a, reference)
     started = time.time()
-    for batch in batches:
+    for batch, size in passes:
         row_paths = [partial / "rows" / f"{i:06d}.json" for i in batch]
         if all(p.exists() for p in row_paths):
             continue
         cond, cond_mask = condition(batch)
         tokens, stats = decoder.run(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
-        timed = reference and reference_batch(batch[0], a.batch_size, a.in_job_vanilla_every)
+        timed = reference and reference_batch(batch[0], size, a.in_job_vanilla_every)
         if timed:  # right after the method's batch: both see the same machine load
             _, plain = decoder.reference(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
+        alone = size < a.batch_size
         for b, i in enumerate(batch):
             with torch.no_grad():  # one image at a time: its pixels never depend on the batch
                 image = to_uint8(vq.decode_code(tokens[b : b + 1].to(device)))[0]
             save_png(image, partial / "images" / f"{i:06d}.png")
             row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
                    "mode": a.mode, **stats[b].row(), "tokens": " ".join(map(str, tokens[b].tolist()))}
+            if alone:
+                row[ALONE] = stats[b].time_total_s
             if timed:
-                row[IN_JOB_REFERENCE] = plain[b].time_total_s
+                row[ALONE_REFERENCE if alone else IN_JOB_REFERENCE] = plain[b].time_total_s
             write_json(row_paths[b], row)
 
-    if a.batch_size > 1:
-        time_alone(decoder, condition, partial, a, reference)
     drop_outside_range(partial, a.start, a.end)
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]
     if [r["image_index"] for r in rows] != list(range(a.start, a.end)):  # never rename a folder that lies

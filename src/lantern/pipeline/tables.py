@@ -25,7 +25,7 @@ import pandas as pd
 from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
-from lantern.metrics.speed import in_job_speedup, in_job_speedup_se, speedup_se
+from lantern.metrics.speed import ALONE, ALONE_REFERENCE, decoded_alone, in_job_speedup, in_job_speedup_se, speedup_se
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "class_accuracy"]
@@ -123,7 +123,9 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     manifest = shards[0][1]
     n_tokens = int(stats["n_tokens"].iloc[0])
     per_step = [parse_ints(v) for v in stats["accepted_per_step"]]
-    lat = stats["time_total_s"].to_numpy(float)
+    batched = stats[~decoded_alone(stats)]  # the times at the job's batch size
+    lat = batched["time_total_s"].to_numpy(float)
+    mean_lat = lat.mean() if len(lat) else math.nan
     row = {
         "mode": mode, "point": point, **method_spec(manifest["method"]),
         "n_images": len(stats), "n_shards": len(shards), "n_tokens": n_tokens,
@@ -131,17 +133,17 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         "target_forwards_per_image": stats["target_forwards"].mean(),
         "drafter_forwards_per_image": stats["drafter_forwards"].mean(),
         "accepted_per_step_mean": np.concatenate(per_step).mean() if any(a.size for a in per_step) else math.nan,
-        "latency_s_per_image": lat.mean(),
-        "latency_p50_s": np.percentile(lat, 50),
-        "latency_p90_s": np.percentile(lat, 90),
-        "throughput_img_per_s": 1.0 / lat.mean() if lat.mean() > 0 else math.nan,
+        "latency_s_per_image": mean_lat,
+        "latency_p50_s": np.percentile(lat, 50) if len(lat) else math.nan,
+        "latency_p90_s": np.percentile(lat, 90) if len(lat) else math.nan,
+        "throughput_img_per_s": 1.0 / mean_lat if mean_lat > 0 else math.nan,
         # plain AR timed in the same job on the same batches (`lantern sample --in-job-vanilla`): immune to jobs
         # landing on different machines or under different load
-        "speedup_vs_in_job_vanilla": in_job_speedup(stats),
-        "speedup_vs_in_job_vanilla_se": in_job_speedup_se(stats),
-        "time_draft_s_per_image": stats["time_draft_s"].mean(),
-        "time_verify_s_per_image": stats["time_verify_s"].mean(),
-        "time_other_s_per_image": stats["time_other_s"].mean(),
+        "speedup_vs_in_job_vanilla": in_job_speedup(batched),
+        "speedup_vs_in_job_vanilla_se": in_job_speedup_se(batched),
+        "time_draft_s_per_image": batched["time_draft_s"].mean(),
+        "time_verify_s_per_image": batched["time_verify_s"].mean(),
+        "time_other_s_per_image": batched["time_other_s"].mean(),
         "peak_mem_mib": stats["peak_mem_bytes"].max() / 2**20 if "peak_mem_bytes" in stats else math.nan,
     }
     # share of drafted tokens accepted: meaningful for chains, where every drafter forward drafts one token
@@ -157,7 +159,7 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     spec = methods.normalize(methods.applicable(manifest["method"]), f"{mode}/{point} method")
     # the node budget: drafts verified per target forward at most (chain gamma, tree nodes, Jacobi window)
     row["draft_nodes"] = methods.drafting(spec).nodes if methods.speculative(spec) else math.nan
-    row.update(batch_latency(stats, lat))
+    row.update(batch_latency(stats, lat, int(manifest.get("batch_size") or stats["batch_size"].max())))
     sampling = manifest.get("sampling", {})
     # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
     row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
@@ -179,16 +181,15 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     return row, positions, depth_rows
 
 
-def batch_latency(stats: pd.DataFrame, per_image: np.ndarray) -> dict:
+def batch_latency(stats: pd.DataFrame, per_image: np.ndarray, batch: int) -> dict:
     """The batch size, and the per-image latency at batch 1 (the paper's setting) with its in-job speed-up: the
-    generation's own times when it ran at batch 1, else the images also decoded alone (`--latency-images`)."""
-    batch = int(stats["batch_size"].max()) if "batch_size" in stats else 1
+    generation's own times when it ran at batch 1, else those of the images decoded alone (`--latency-images`)."""
     if batch == 1:
         return {"batch_size": 1, "latency_b1_images": len(per_image), "latency_b1_s_per_image": per_image.mean(),
                 "speedup_b1_in_job": in_job_speedup(stats), "speedup_b1_in_job_se": in_job_speedup_se(stats)}
-    if "latency_s" in stats:
-        timed = stats["latency_s"].notna()
-        alone, plain = stats.loc[timed, "latency_s"].to_numpy(float), stats.loc[timed].get("vanilla_latency_s")
+    if ALONE in stats:
+        timed = stats[ALONE].notna()
+        alone, plain = stats.loc[timed, ALONE].to_numpy(float), stats.loc[timed].get(ALONE_REFERENCE)
     else:
         alone, plain = np.zeros(0), None
     # plain AR alone runs on one image in each block of sweep.in_job_vanilla_every: its mean prices every image
@@ -293,9 +294,10 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
     lines = ["# Sweep summary", "",
              "τ = mean tokens emitted per target forward, **bonus/correction token counted** (plain AR: 1.00). "
              "In-job speed-up (batch 1), the headline as in the paper = plain AR's per-image latency / the method's, "
-             "both timed in the method's own job on the images also decoded alone (`sweep.latency_images`; plain AR on "
+             "both timed in the method's own job on the images decoded alone (`sweep.latency_images`; plain AR on "
              "one in N of them, `sweep.in_job_vanilla_every`); "
-             "in-job speed-up (batch B) = plain AR timed in the same job on the same batches (all, or one in N: "
+             "in-job speed-up (batch B) = plain AR timed in the same job on the same batches of the other images (all, "
+             "or one in N: "
              "`sweep.in_job_vanilla_every`) / the method, per-image times being batch wall time / B (throughput); "
              "an in-job speed-up's ± is its bootstrap standard error over the timed images, the job's own spread "
              "(between days the machine moves speed-ups further); across-jobs speed-up = per-image time of the "
