@@ -35,6 +35,7 @@ def test_aligned_batches_and_shard_ranges():
     assert aligned_batches(4, 11, 4) == [[4, 5, 6, 7], [8, 9, 10]]
     assert aligned_batches(5, 7, 4) == [[5, 6], ]  # a range inside one aligned block
     assert aligned_batches(2, 4, 1) == [[2], [3]]
+    assert aligned_batches(4, 4, 2) == []  # every image of the range decoded alone
     assert shard_ranges(200, 2) == [(0, 100), (100, 200)]
     assert shard_ranges(200, 2, 8) == [(0, 96), (96, 200)]
     assert shard_ranges(10, 3, 1) == [(0, 3), (3, 6), (6, 10)]
@@ -132,8 +133,9 @@ def test_latency_images_are_decoded_alone_once_and_reach_the_tables(world, tmp_p
 def test_a_range_decoded_alone_leaves_the_batched_columns_empty(world, tmp_path):
     """Every image of the range alone (--latency-images >= its size): batch-1 latency only, no batched time."""
     root = tmp_path / "gen" / "sampling"
-    draw(world, root / "exact-chain-g3" / "shard0", "--batch-size", "2", "--latency-images", "4", "--in-job-vanilla",
-         end=4)
+    sample(["--target", str(world / "target.pt"), "--vq", str(world / "vq.pt"), "--drafter", str(world / "drafter.pt"),
+            "--method", EXACT, "--seed", "3", "--end", "4", "--out", str(root / "exact-chain-g3" / "shard0"), "--device",
+            "cpu", "--threads", "1", "--batch-size", "2", "--latency-images", "4", "--in-job-vanilla"])  # warm-up on
     row = sweep_table([root / "exact-chain-g3" / "shard0"], [])[0].iloc[0]
     assert row["batch_size"] == 2 and row["latency_b1_images"] == 4 and row["speedup_b1_in_job"] > 0
     assert math.isnan(row["latency_s_per_image"]) and math.isnan(row["speedup_vs_in_job_vanilla"])

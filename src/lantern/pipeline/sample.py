@@ -227,7 +227,10 @@ def reference_batch(first_image: int, batch_size: int, every: int) -> bool:
 
 
 def aligned_batches(start: int, end: int, size: int) -> list[list[int]]:
-    """[start, end) cut at the multiples of `size`: the same batches whichever shard range they fall in."""
+    """[start, end) cut at the multiples of `size`: the same batches whichever shard range they fall in (none when
+    the range is empty: every image decoded alone)."""
+    if start >= end:
+        return []
     cuts = [start] + list(range((start // size + 1) * size, end, size)) + [end]
     return [list(range(lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
 
