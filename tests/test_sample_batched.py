@@ -30,6 +30,20 @@ def draw(world, out, *extra, method=EXACT, start=0, end=5):
     return pd.read_csv(out / "stats.csv", keep_default_na=False)
 
 
+def count_decodes(monkeypatch) -> list[int]:
+    """The sizes of the batches every Decoder built from now on decodes (its `run` calls), in order."""
+    decoded = []
+    real_init = sample_module.Decoder.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        run = self.run
+        self.run = lambda cond, generators, mask=None: decoded.append(len(generators)) or run(cond, generators, mask)
+
+    monkeypatch.setattr(sample_module.Decoder, "__init__", spy)
+    return decoded
+
+
 def test_aligned_batches_and_shard_ranges():
     assert aligned_batches(0, 5, 3) == [[0, 1, 2], [3, 4]]
     assert aligned_batches(4, 11, 4) == [[4, 5, 6, 7], [8, 9, 10]]
@@ -67,15 +81,7 @@ def test_a_killed_job_redoes_its_unfinished_batch_in_full(world, tmp_path, monke
         m.setattr(sample_module, "save_png", save_then_die)
         with pytest.raises(KeyboardInterrupt):
             draw(world, tmp_path / "out", "--batch-size", "3", end=6)
-    decoded = []
-    real_run = sample_module.Decoder.__init__
-
-    def spy(self, *a, **kw):
-        real_run(self, *a, **kw)
-        run = self.run
-        self.run = lambda cond, generators, mask=None: decoded.append(len(generators)) or run(cond, generators, mask)
-
-    monkeypatch.setattr(sample_module.Decoder, "__init__", spy)
+    decoded = count_decodes(monkeypatch)
     resumed = draw(world, tmp_path / "out", "--batch-size", "3", end=6)
     assert decoded == [3]  # the finished batch kept, the half-written one decoded again in full
     assert resumed.tokens.tolist() == draw(world, tmp_path / "whole", "--batch-size", "3", end=6).tokens.tolist()
@@ -84,15 +90,7 @@ def test_a_killed_job_redoes_its_unfinished_batch_in_full(world, tmp_path, monke
 def test_latency_images_are_decoded_alone_once_and_reach_the_tables(world, tmp_path, monkeypatch):
     """--latency-images 2 at batch 2: images 0 and 1 are decoded alone (batch 1), only there, and images 2..5 in two
     batches; the tables take batch-1 latency from the first, the batched columns from the second."""
-    decoded = []
-    real_init = sample_module.Decoder.__init__
-
-    def spy(self, *a, **kw):
-        real_init(self, *a, **kw)
-        run = self.run
-        self.run = lambda cond, generators, mask=None: decoded.append(len(generators)) or run(cond, generators, mask)
-
-    monkeypatch.setattr(sample_module.Decoder, "__init__", spy)
+    decoded = count_decodes(monkeypatch)
     root = tmp_path / "gen" / "sampling"
     for point, method in (("vanilla", '{"name": "vanilla"}'), ("exact-chain-g3", EXACT)):
         decoded.clear()
