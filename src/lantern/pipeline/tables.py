@@ -159,7 +159,8 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     spec = methods.normalize(methods.applicable(manifest["method"]), f"{mode}/{point} method")
     # the node budget: drafts verified per target forward at most (chain gamma, tree nodes, Jacobi window)
     row["draft_nodes"] = methods.drafting(spec).nodes if methods.speculative(spec) else math.nan
-    row.update(batch_latency(stats, lat, int(manifest.get("batch_size") or stats["batch_size"].max())))
+    batch = manifest.get("batch_size") or (stats["batch_size"].max() if "batch_size" in stats else 1)
+    row.update(batch_latency(stats, lat, int(batch)))
     sampling = manifest.get("sampling", {})
     # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
     row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
