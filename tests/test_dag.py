@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,11 @@ FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "tree_budget", "
 
 def jobs_run(log: Path) -> dict[str, int]:
     """Rule -> number of jobs, from the job stats Snakemake prints before running (empty when none ran)."""
-    m = JOB_STATS.search(log.read_text())
+    return jobs_run_text(log.read_text())
+
+
+def jobs_run_text(text: str) -> dict[str, int]:
+    m = JOB_STATS.search(text)
     if not m:
         return {}
     counts = dict(line.split() for line in m[1].strip().splitlines())
@@ -88,6 +93,21 @@ def test_a_changed_training_recipe_reruns_its_rule(smoke_run, tmp_path):
     for rule in ("train_drafter", "train_clip", "train_classifier"):
         block = text.split(f"rule {rule}:", 1)
         assert len(block) == 2 and "Params have changed" in block[1].split("\n\n", 1)[0], tail(log)
+
+
+def test_the_drafter_alone_retrains_for_the_shipped_target(tmp_path):
+    """With shipped checkpoints the drafter rule still exists (ship_toy.py --only drafter): it trains on the
+    shipped target, and a self-generated recipe asks for no token files (no data, VQ or tokenize job)."""
+    out = tmp_path / "out"
+    drafter = out / "toy" / "default" / "models" / "drafter.pt"
+    cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "none", "-n", "-p", "--cores", "2",
+           "--config", f"outdir={out}", "--", str(drafter)]
+    r = subprocess.run(cmd, cwd=REPO, env=snakemake_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert jobs_run_text(r.stdout) == {"train_drafter": 1}
+    shell = next(line for line in r.stdout.splitlines() if "lantern train-drafter" in line)
+    assert f"--target {REPO}/models/toy/default/target.pt" in shell and "--tokens" not in shell
+    assert '"feature_layers": [7, 15, 23]' in shell  # the shipped recipe, as config/config.yaml gives it
 
 
 def test_deleting_a_figure_reruns_only_its_rule(smoke_run, tmp_path):

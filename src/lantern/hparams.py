@@ -140,6 +140,15 @@ class GPTParams:
 
 
 # -- drafter (lantern.pipeline.train_drafter) ----------------------------------------------------------------------
+def check_layer_indices(layers) -> tuple[int, ...]:
+    """A drafter's feature_layers (DrafterParams, DrafterOptions) as a tuple: increasing layer indices >= 0."""
+    if (not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+            or any(i < 0 for i in layers) or list(layers) != sorted(set(layers))):
+        raise UserError(f"drafter feature_layers={layers!r} must be increasing target layer indices >= 0 "
+                        "(e.g. [7, 15, 23]), or [] for none")
+    return tuple(layers)
+
+
 @dataclass
 class DrafterParams:
     data: str = "real"  # real: teacher-forced on --tokens; self: on the target's own samples; both
@@ -161,6 +170,9 @@ class DrafterParams:
     # also trains steps 2..n fed the drafter's own predictions, as decoding feeds them (a training-time test, as in
     # HASS and EAGLE-3), each step's loss added with the same weights
     unroll: int = 1
+    # target layers (0-based, increasing, below the last) whose outputs the drafter also reads, fused with h_t (as
+    # EAGLE-3); [] = EAGLE-1, the target's last hidden state only
+    feature_layers: list[int] = field(default_factory=list)
     val_frac: float = 0.05
     max_sequences: int = 0  # 0: all
     seed: int = 0
@@ -187,6 +199,7 @@ class DrafterParams:
             raise UserError("drafter epochs, batch_size and lr must be positive")
         if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
             raise UserError(f"drafter unroll={self.unroll!r} must be an integer >= 1 (chain steps trained per position)")
+        check_layer_indices(self.feature_layers)
         if not 0 < self.val_frac < 1:
             raise UserError(f"drafter val_frac={self.val_frac} must lie in (0, 1)")
         if len(self.betas) != 2 or self.grad_clip <= 0 or self.hidden_noise < 0 or self.ce_weight < 0:

@@ -18,12 +18,16 @@ rule neighbours:
         "lantern neighbours --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
 
 
-if TRAIN_TOY:
+# defined with shipped checkpoints too: the drafter alone can be retrained for the shipped target (see ship_toy.py
+# --only drafter), while sampling reads models/toy/default/drafter.pt
+if TOY:
 
     rule train_drafter:
         input:
             target=toy_model("default", "target"),
-            tokens=f"{OUT}/toy/default/data/train_tokens.pt",
+            # real sequences only when the recipe trains on them (toy.drafter.data real / both)
+            tokens=lambda w: [] if config["toy"]["drafter"].get("data") == "self" else
+            [f"{OUT}/toy/default/data/train_tokens.pt"],
         output:
             f"{OUT}/toy/default/models/drafter.pt",
         log:
@@ -35,10 +39,11 @@ if TRAIN_TOY:
             # the recipe alone, so that --rerun-triggers params sees a change: Snakemake does not track params that
             # are functions of threads
             p=as_arg(config["toy"]["drafter"]),
+            tokens=lambda w, input: f"--tokens {' '.join(map(shlex.quote, input.tokens))}" if input.tokens else "",
             threads=lambda w, threads: threads_arg(threads),
             device=config["device"],
         conda:
             "../../environment.yml"
         shell:
-            "lantern-gpu-run lantern train-drafter --target {input.target:q} --tokens {input.tokens:q} --out {output:q}"
+            "lantern-gpu-run lantern train-drafter --target {input.target:q} {params.tokens} --out {output:q}"
             " --device {params.device} --params {params.p} --threads {params.threads} > {log:q} 2>&1"

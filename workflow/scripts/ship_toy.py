@@ -6,8 +6,9 @@
 The manifest records, per world, the command that trained its files, the resolved toy config, the seed, the git
 commit and the SHA-256 of every file; shipping one world keeps the other world's entry as it was. `--only NAME`
 ships one model's files (PARTS[NAME]) into an existing world entry: their checksums are updated and the entry's
-`updates` list records how they were made (the classifier, for one, trains on the shipped VQ's reconstructions with
-toy.checkpoints: shipped); shipping the whole world again starts its entry afresh. Weights are
+`updates` list records how they were made (with toy.checkpoints: shipped, the classifier trains on the shipped VQ's
+reconstructions and the drafter for the shipped target); shipping the whole world again starts its entry afresh.
+Weights are
 stored rounded to float16 (halves the repository's size; every loader casts them back to the model's dtype), so a
 retraining at the recorded commit is compared with the shipped files after the same rounding.
 """
@@ -30,7 +31,7 @@ FILES = {
     "clean": ["vq.pt", "vq.json", "target.pt", "target.json"],
 }
 # models that can be shipped alone (--only): name -> its files
-PARTS = {"classifier": ["classifier.pt", "classifier.json"]}
+PARTS = {"classifier": ["classifier.pt", "classifier.json"], "drafter": ["drafter.pt"]}
 
 
 def rounded(obj):
@@ -119,5 +120,5 @@ def main(src: str, dst: str, *worlds: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit("usage: python workflow/scripts/ship_toy.py <train outdir> models/toy [default] [clean] "
-                 "[--only classifier]")
+                 "[--only classifier|drafter]")
     main(*sys.argv[1:])

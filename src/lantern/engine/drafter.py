@@ -7,6 +7,11 @@ h_{t+1}; the target's frozen output head turns that into logits for the token at
 are frozen copies of the target's and are not stored in the drafter checkpoint. RoPE row t + 1 (the position of
 the token read) is used, so the first image step is rotated like the target's img_0.
 
+With `DrafterOptions.feature_layers` the drafter also reads the outputs of those target layers, as EAGLE-3 does
+(arXiv 2503.01840): the target hands them on beside h_t (GPT.feature_layers), and `fuse` joins them, each
+RMS-normalised without weights, with h_t into one d-wide state. Later chain steps read the drafter's own
+prediction in its place, as in EAGLE-1.
+
 A drafter may instead follow the LANTERN authors' LlamaGen drafter (`DrafterOptions`, set by `lantern convert`):
 its own token embedding, code 0's embedding over the condition positions, no caption padding mask, norm eps 1e-6.
 """
@@ -23,12 +28,13 @@ from torch import Tensor
 
 from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
+from lantern.hparams import check_layer_indices
 from lantern.io import load_torch, save_torch
 from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
                                   precompute_rope_2d, row_mask, row_slots)
 
 FORMAT = DRAFTER_FORMAT
-TRAINED = ("fc.", "layer.")  # the drafter's own weights; embedding and head come from the target
+TRAINED = ("fc.", "layer.", "fuse.")  # the drafter's own weights; embedding and head come from the target
 OWN_EMBEDDING = "tok_embeddings."
 
 
@@ -46,12 +52,23 @@ class DrafterOptions:
     cond_inputs: str = "target"
     mask_padding: bool = True  # hide left-padded caption positions (the authors' drafter attends to them)
     own_embedding: bool = False  # the token embedding is stored with the drafter, never re-tied to the target's
+    # target layers (0-based, increasing, below the last) whose outputs the drafter reads beside h_t; () = EAGLE-1
+    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "feature_layers", check_layer_indices(self.feature_layers))
         if self.cond_inputs not in ("target", "code0"):
             raise UserError(f"drafter options cond_inputs={self.cond_inputs!r} must be 'target' or 'code0'")
         if self.norm_eps is not None and self.norm_eps <= 0:
             raise UserError(f"drafter options norm_eps={self.norm_eps} must be > 0 (or null for the target's)")
+
+
+def check_feature_layers(layers, n_layer: int) -> None:
+    """feature_layers must name layers of an n_layer target below its last, whose output h_t is read anyway."""
+    if layers and max(layers) >= n_layer - 1:
+        raise UserError(f"drafter feature_layers {list(layers)} must lie below the target's last layer ({n_layer - 1}: "
+                        f"its output is h_t, read anyway); pick layers of its {n_layer}, e.g. [{n_layer // 4 - 1}, "
+                        f"{n_layer // 2 - 1}, {3 * n_layer // 4 - 1}]")
 
 
 AUTHORS_LLAMAGEN = DrafterOptions(norm_eps=1e-6, cond_inputs="code0", mask_padding=False, own_embedding=True)
@@ -65,6 +82,8 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(2 * args.dim, args.dim, bias=True)
         eps = args.norm_eps if options.norm_eps is None else options.norm_eps
         self.layer = TransformerBlock(dataclasses.replace(args, norm_eps=eps), input_norm=False)
+        check_feature_layers(options.feature_layers, args.n_layer)
+        self.fuse = nn.Linear((len(options.feature_layers) + 1) * args.dim, args.dim) if options.feature_layers else None
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.rope = precompute_rope_2d(args)
         self.cache_key_valid: Tensor | None = None
@@ -72,6 +91,10 @@ class Drafter(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
         nn.init.zeros_(self.fc.bias)
+        if self.fuse is not None:  # starts as h_t alone (EAGLE-1), the state later chain steps read in its place
+            nn.init.zeros_(self.fuse.bias)
+            with torch.no_grad():
+                self.fuse.weight.zero_()[:, -args.dim :] = torch.eye(args.dim)
 
     @classmethod
     def from_target(cls, target: GPT, options: DrafterOptions = DrafterOptions()) -> "Drafter":
@@ -80,7 +103,9 @@ class Drafter(nn.Module):
         return d
 
     def copy_frozen(self, target: GPT) -> None:
-        """The head is always the target's; the embedding too, unless the drafter carries its own."""
+        """The head is always the target's; the embedding too, unless the drafter carries its own. The target then
+        hands on the layers this drafter reads."""
+        target.feature_layers = self.options.feature_layers
         with torch.no_grad():
             if not self.options.own_embedding:
                 self.tok_embeddings.weight.copy_(target.tok_embeddings.weight)
@@ -123,8 +148,18 @@ class Drafter(nn.Module):
         """The uncached pass's attention mask for S positions (None: causal)."""
         return drafter_mask(cond_mask if self.options.mask_padding else None, S)
 
+    def fused(self, hidden: Tensor) -> Tensor:
+        """The d-wide state the drafter reads: the target's features [..., (n + 1) * d] fused (the n layers' outputs
+        RMS-normalised, as their scales grow with depth), or a d-wide state (h_t, or a prediction) as it is."""
+        if hidden.shape[-1] == self.args.dim:
+            return hidden
+        *layers, h = hidden.float().split(self.args.dim, dim=-1)
+        parts = [x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) for x in layers] + [h]
+        return self.fuse(torch.cat(parts, dim=-1).to(self.fuse.weight.dtype))
+
     def _run(self, emb: Tensor, hidden: Tensor, pos: Tensor, mask: Tensor | None, slots: Tensor | None,
              rows: Tensor | None = None) -> Tensor:
+        hidden = self.fused(hidden)
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
         return self.layer(x, self.rope[pos + 1], mask, row_slots(slots, rows, self.layer.attention.kv_cache), rows)
 

@@ -287,6 +287,9 @@ class GPT(nn.Module):
         # What a left-padded caption query sees in the prefill (PAD_SEMANTICS): upstream's own position only, or
         # the LANTERN authors' HF target's (their drafter was trained on those states); set by the decoders' user.
         self.pad_semantics = "upstream"
+        # Layers whose outputs `run` hands on beside the post-norm hidden state (concatenated before it), for a
+        # drafter that fuses them (DrafterOptions.feature_layers); set by the drafter (Drafter.copy_frozen).
+        self.feature_layers: tuple[int, ...] = ()
         self.apply(self._init_weights)
 
     @staticmethod
@@ -351,7 +354,8 @@ class GPT(nn.Module):
     # -- forward passes ---------------------------------------------------------------------------------------
     def run(self, x: Tensor, pos: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
             rows: Tensor | None = None):
-        """Transformer over embeddings x [B, S, dim] at RoPE positions `pos` [S]; returns (logits, post-norm hidden).
+        """Transformer over embeddings x [B, S, dim] at RoPE positions `pos` [S]; returns (logits, post-norm hidden),
+        the hidden state [B, S, (len(feature_layers) + 1) * dim] when feature layers are set: their outputs, then it.
 
         With a cache set up, `slots` [S] are the cache slots written and `mask` [B or 1, 1, S, max_len] the keys
         each query may see. Without a cache, mask None means plain causal attention over x. Per-row positions:
@@ -361,10 +365,13 @@ class GPT(nn.Module):
         if mask is not None and mask.dtype == torch.bool:
             mask = additive_mask(mask, x.dtype)
         slots = row_slots(slots, rows, self.layers[0].attention.kv_cache)
-        for layer in self.layers:
+        kept = []
+        for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, slots, rows)
+            if i in self.feature_layers:
+                kept.append(x)
         hidden = self.norm(x)
-        return self.head(hidden), hidden
+        return self.head(hidden), torch.cat([*kept, hidden], dim=-1) if kept else hidden
 
     def forward(self, cond: Tensor, tokens: Tensor, cond_mask: Tensor | None = None):
         """Teacher-forced pass. tokens = img[:, :-1] ([B, N-1]); returns logits [B, N, V] predicting img_0..img_{N-1}."""

@@ -452,11 +452,16 @@ def _check_toy_params(cfg: dict) -> None:
     groups += [(f"toy.{key}", cls, cfg["toy"][key])
                for key, cls in (("drafter", DrafterParams), ("clip", TrainClipParams),
                                 ("classifier", ClassifierParams), ("ambiguity", AmbiguityParams))]
+    built = {}
     for where, cls, mapping in groups:
         try:
-            params_from(mapping, cls, f"{where.split(' ')[0]}.")
+            built[where] = params_from(mapping, cls, f"{where.split(' ')[0]}.")
         except UserError as e:
             raise UserError(f"config: {where}: {e}") from None
+    layers, n_layer = built["toy.drafter"].feature_layers, built["toy.target"].n_layer
+    if layers and max(layers) >= n_layer - 1:
+        raise UserError(f"config: toy.drafter.feature_layers {list(layers)} must lie below the target's last layer "
+                        f"({n_layer - 1} of toy.target.n_layer {n_layer}), whose output the drafter reads anyway")
 
 
 def expand_methods(cfg: dict) -> dict[str, dict]:

@@ -29,7 +29,7 @@ from lantern.params import params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT, causal_mask
 
-from lantern.engine.drafter import Drafter, save_drafter, target_states
+from lantern.engine.drafter import Drafter, DrafterOptions, check_feature_layers, save_drafter, target_states
 
 
 # -- training -----------------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     if noise > 0:
         h_in = h_in + (torch.rand_like(h_in) * 2 - 1) * noise
     preds = unrolled(drafter, emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]), unroll)
-    out = {}
+    out, h = {}, h[..., -target.args.dim :]  # the post-norm state, behind any feature layers' outputs
     for s, pred in enumerate(preds):  # step s + 1 at positions s..S-1; its image-predicting ones: s + lo >= T - 1
         lo = max(T - 1 - s, 0)
         out |= step_losses(drafter, pred[:, lo:], h[:, s + lo + 1 :], logits[:, s + lo + 1 :], f"_{s + 1}" if s else "")
@@ -78,6 +78,7 @@ def unrolled(drafter: Drafter, emb: Tensor, hidden: Tensor, mask: Tensor | None,
     """The drafter's predictions over S positions (emb, hidden [B, S, d]; mask as Drafter.forward's) as chain steps
     1..steps: step 1 the teacher-forced pass, step s + 1 at positions s..S-1, fed step s's predictions at
     positions s-1..S-2 and attending as in decoding (unrolled_mask), in one pass over all streams per step."""
+    hidden = drafter.fused(hidden)  # d wide, as the predictions the later streams read
     pred = drafter(emb, hidden, mask)
     preds, S = [pred], emb.shape[1]
     if steps > 1:
@@ -172,7 +173,7 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
     device = target.output.weight.device
     target.eval().requires_grad_(False)
     torch.manual_seed(params.seed)
-    drafter = Drafter.from_target(target).train()
+    drafter = Drafter.from_target(target, DrafterOptions(feature_layers=tuple(params.feature_layers))).train()
     n = tokens.shape[0]
     n_val = max(1, int(round(n * params.val_frac)))
     if n - n_val < 1:
@@ -414,6 +415,7 @@ def main(argv: list[str]) -> None:
     device = parse_device(a.device)
     configure_determinism(device)  # CUDA: deterministic kernels, so a resumed run ends where an uninterrupted one does
     target = load_gpt(a.target, **spec, dtype=a.dtype, device=str(device))
+    check_feature_layers(params.feature_layers, target.args.n_layer)  # before any self-generation
     captions = None
     if a.caption_features:
         if target.args.model_type != "t2i":
