@@ -149,6 +149,9 @@ def test_shipped_configs_are_valid():
     base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     scan = yaml.safe_load((ROOT / "config" / "lantern-k-scan.yaml").read_text())
     validate_config({**base, **scan, "sweep": {**base["sweep"], **scan["sweep"]}})
+    features = yaml.safe_load((ROOT / "config" / "drafter-features.yaml").read_text())
+    cfg = validate_config({**base, **features, "toy": {**base["toy"], **features["toy"]}})
+    assert cfg["toy"]["drafter"]["feature_layers"] == [7, 15, 23]
 
 
 def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
