@@ -133,6 +133,20 @@ def test_greedy_speculative_with_a_fused_drafter_equals_greedy_ar(trained_fused,
     assert accepted > 20  # drafts from fused catch-ups and from later steps were accepted, not only corrections
 
 
+def test_greedy_trees_with_a_fused_drafter_equal_greedy_ar(trained_fused):
+    """A tree's catch-up reads the fused layers, its deeper nodes their parents' predictions."""
+    from lantern.engine.trees import DynamicTree, static_tree
+
+    target, drafter = trained_fused
+    params = SamplingParams(cfg_scale=2.0, greedy=True, top_k=8)
+    cond = torch.arange(4)
+    ar, _ = generate(target, cond, params, gens(4))
+    for tree in (static_tree("naive_extend_57"), DynamicTree(depth=4, top_k=3, total_tokens=10)):
+        out, stats = decode(target, drafter, cond, params, AcceptRule(), tree, gens(4))
+        assert torch.equal(out, ar)
+        assert sum(s.accepted_total for s in stats) > 20
+
+
 def test_a_fused_batch_decodes_as_its_images_do_alone(trained_fused):
     target, drafter = copy.deepcopy(trained_fused)
     target, drafter = target.double(), drafter.double()  # batched and one-by-one matmuls round alike in float64
