@@ -199,7 +199,8 @@ def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):
     ({"drafter": {"threads": -1}}, r"^config: toy\.drafter: drafter threads=-1 must be >= 0"),
     ({"drafter": {"feature_layers": [15, 7]}}, r"^config: toy\.drafter: drafter feature_layers=\[15, 7\] must be increas"),
     ({"target": {"n_layer": 32}, "drafter": {"feature_layers": [7, 31]}},
-     r"^config: toy\.drafter\.feature_layers \[7, 31\] must lie below the target's last layer \(31 of toy\.target\.n_layer 32\)"),
+     r"^config: toy\.drafter \(toy\.target\.n_layer 32\): drafter feature_layers \[7, 31\] must lie below the "
+     r"target's last layer \(31: its output is h_t"),
     ({"clip": {"threads": -1}}, r"^config: toy\.clip: train-clip threads=-1"),
     ({"classifier": {"threads": -1}}, r"^config: toy\.classifier: train-classifier threads=-1"),
 ])

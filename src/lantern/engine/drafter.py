@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
-from lantern.hparams import check_layer_indices
+from lantern.hparams import check_feature_layers, check_layer_indices
 from lantern.io import load_torch, save_torch
 from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
                                   precompute_rope_2d, row_mask, row_slots)
@@ -61,14 +61,6 @@ class DrafterOptions:
             raise UserError(f"drafter options cond_inputs={self.cond_inputs!r} must be 'target' or 'code0'")
         if self.norm_eps is not None and self.norm_eps <= 0:
             raise UserError(f"drafter options norm_eps={self.norm_eps} must be > 0 (or null for the target's)")
-
-
-def check_feature_layers(layers, n_layer: int) -> None:
-    """feature_layers must name layers of an n_layer target below its last, whose output h_t is read anyway."""
-    if layers and max(layers) >= n_layer - 1:
-        raise UserError(f"drafter feature_layers {list(layers)} must lie below the target's last layer ({n_layer - 1}: "
-                        f"its output is h_t, read anyway); pick layers of its {n_layer}, e.g. [{n_layer // 4 - 1}, "
-                        f"{n_layer // 2 - 1}, {3 * n_layer // 4 - 1}]")
 
 
 AUTHORS_LLAMAGEN = DrafterOptions(norm_eps=1e-6, cond_inputs="code0", mask_padding=False, own_embedding=True)

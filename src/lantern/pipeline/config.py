@@ -441,7 +441,7 @@ def _check_toy_params(cfg: dict) -> None:
     if cfg["world"] != "toy":
         return
     from lantern.hparams import (AmbiguityParams, ClassifierParams, DataParams, DrafterParams, GPTParams,
-                                 TrainClipParams, VQParams)
+                                 TrainClipParams, VQParams, check_feature_layers)
     from lantern.params import params_from
 
     worlds = ("default", "clean") if cfg["toy"]["clean_world"] else ("default",)
@@ -458,10 +458,10 @@ def _check_toy_params(cfg: dict) -> None:
             built[where] = params_from(mapping, cls, f"{where.split(' ')[0]}.")
         except UserError as e:
             raise UserError(f"config: {where}: {e}") from None
-    layers, n_layer = built["toy.drafter"].feature_layers, built["toy.target"].n_layer
-    if layers and max(layers) >= n_layer - 1:
-        raise UserError(f"config: toy.drafter.feature_layers {list(layers)} must lie below the target's last layer "
-                        f"({n_layer - 1} of toy.target.n_layer {n_layer}), whose output the drafter reads anyway")
+    try:
+        check_feature_layers(built["toy.drafter"].feature_layers, built["toy.target"].n_layer)
+    except UserError as e:
+        raise UserError(f"config: toy.drafter (toy.target.n_layer {built['toy.target'].n_layer}): {e}") from None
 
 
 def expand_methods(cfg: dict) -> dict[str, dict]:

@@ -24,12 +24,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.hparams import DrafterParams
+from lantern.hparams import DrafterParams, check_feature_layers
 from lantern.params import params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT, causal_mask
 
-from lantern.engine.drafter import Drafter, DrafterOptions, check_feature_layers, save_drafter, target_states
+from lantern.engine.drafter import Drafter, DrafterOptions, save_drafter, target_states
 
 
 # -- training -----------------------------------------------------------------------------------------------------
