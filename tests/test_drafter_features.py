@@ -12,7 +12,7 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
 from lantern.errors import UserError
-from lantern.hparams import DrafterParams
+from lantern.hparams import DrafterParams, check_feature_layers
 from lantern.pipeline.train_drafter import drafter_losses, train_drafter, unrolled
 from tiny import (assert_same_decodes, chi_square_pvalue, decode_one, exact_joint, gens, one_by_one,  # noqa: F401
                   one_thread, tiny_target)
@@ -87,8 +87,10 @@ def test_bad_layer_lists(layers, needle):
 
 
 def test_a_layer_at_or_past_the_last_is_refused():
-    with pytest.raises(UserError, match=r"below the target's last layer \(3"):
+    with pytest.raises(UserError, match=r"below the target's last layer \(3: .* e\.g\. \[0, 1, 2\]"):
         Drafter.from_target(four_layers(), DrafterOptions(feature_layers=(1, 3)))
+    with pytest.raises(UserError, match=r"or \[\] \(it has no layer below its last\)"):
+        check_feature_layers([0], 1)
 
 
 def test_training_fuses_the_first_step_and_feeds_later_steps_predictions():

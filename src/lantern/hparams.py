@@ -152,9 +152,10 @@ def check_layer_indices(layers) -> tuple[int, ...]:
 def check_feature_layers(layers, n_layer: int) -> None:
     """feature_layers must name layers of an n_layer target below its last, whose output h_t is read anyway."""
     if layers and max(layers) >= n_layer - 1:
+        example = sorted({max(q * n_layer // 4 - 1, 0) for q in (1, 2, 3)} - {n_layer - 1, n_layer})
+        hint = f"e.g. {example}" if example else "or [] (it has no layer below its last)"
         raise UserError(f"drafter feature_layers {list(layers)} must lie below the target's last layer ({n_layer - 1}: "
-                        f"its output is h_t, read anyway); pick layers of its {n_layer}, e.g. [{n_layer // 4 - 1}, "
-                        f"{n_layer // 2 - 1}, {3 * n_layer // 4 - 1}]")
+                        f"its output is h_t, read anyway); pick layers of its {n_layer}, {hint}")
 
 
 @dataclass
