@@ -12,7 +12,8 @@ from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
 from lantern.errors import UserError
-from lantern.hparams import DrafterParams, check_feature_layers
+from lantern.hparams import DrafterParams
+from lantern.params import check_feature_layers
 from lantern.pipeline.train_drafter import drafter_losses, train_drafter, unrolled
 from tiny import (assert_same_decodes, chi_square_pvalue, decode_one, exact_joint, gens, one_by_one,  # noqa: F401
                   one_thread, tiny_target)

@@ -38,3 +38,21 @@ def check_threads(threads: int, what: str) -> None:
     """A training job's torch thread count: >= 0, where 0 keeps torch's default."""
     if threads < 0:
         raise UserError(f"{what} threads={threads} must be >= 0 (0: torch's default)")
+
+
+def check_layer_indices(layers) -> tuple[int, ...]:
+    """A drafter's feature_layers (DrafterParams, DrafterOptions) as a tuple: increasing layer indices >= 0."""
+    if (not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+            or any(i < 0 for i in layers) or list(layers) != sorted(set(layers))):
+        raise UserError(f"drafter feature_layers={layers!r} must be increasing target layer indices >= 0 "
+                        "(e.g. [7, 15, 23]), or [] for none")
+    return tuple(layers)
+
+
+def check_feature_layers(layers, n_layer: int) -> None:
+    """feature_layers must name layers of an n_layer target below its last, whose output h_t is read anyway."""
+    if layers and max(layers) >= n_layer - 1:
+        example = sorted({max(q * n_layer // 4 - 1, 0) for q in (1, 2, 3)} - {n_layer - 1, n_layer})
+        hint = f"e.g. {example}" if example else "or [] (it has no layer below its last)"
+        raise UserError(f"drafter feature_layers {list(layers)} must lie below the target's last layer ({n_layer - 1}: "
+                        f"its output is h_t, read anyway); pick layers of its {n_layer}, {hint}")

@@ -441,8 +441,8 @@ def _check_toy_params(cfg: dict) -> None:
     if cfg["world"] != "toy":
         return
     from lantern.hparams import (AmbiguityParams, ClassifierParams, DataParams, DrafterParams, GPTParams,
-                                 TrainClipParams, VQParams, check_feature_layers)
-    from lantern.params import params_from
+                                 TrainClipParams, VQParams)
+    from lantern.params import check_feature_layers, params_from
 
     worlds = ("default", "clean") if cfg["toy"]["clean_world"] else ("default",)
     groups = [(f"toy.{key}" if world == "default" else f"toy.{key} (with toy.clean_{key}, clean world)", cls, get(cfg, world))

@@ -24,8 +24,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lantern.errors import UserError
-from lantern.hparams import DrafterParams, check_feature_layers
-from lantern.params import params_from
+from lantern.hparams import DrafterParams
+from lantern.params import check_feature_layers, params_from
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT, causal_mask
 
