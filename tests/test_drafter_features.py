@@ -1,30 +1,25 @@
 """A drafter that reads target layers beside h_t (DrafterOptions.feature_layers, EAGLE-3's feature fusion): what the
-target hands on, the fused drafter's start, its checkpoints, its training and its exactness in decoding."""
+target hands on, the fused drafter's start, its checkpoints, its training and its exactness in decoding (greedy
+chains and trees with it: test_speculative and test_trees, over both trained pairs)."""
+import copy
+
 import pytest
 import torch
-
-import copy
 
 from lantern.engine.acceptance import AcceptRule
 from lantern.engine.chain import Chain
 from lantern.engine.drafter import Drafter, DrafterOptions, load_drafter, save_drafter, target_states
-from lantern.engine.generate import generate
 from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine.speculative import decode
 from lantern.errors import UserError
 from lantern.hparams import DrafterParams
 from lantern.params import check_feature_layers
-from lantern.pipeline.train_drafter import drafter_losses, train_drafter, unrolled
-from tiny import (assert_same_decodes, chi_square_pvalue, decode_one, exact_joint, gens, one_by_one,  # noqa: F401
-                  one_thread, tiny_target)
+from lantern.pipeline.train_drafter import drafter_losses, unrolled
+from tiny import (FUSED_LAYERS, assert_same_decodes, chi_square_pvalue, decode_one, exact_joint,  # noqa: F401
+                  four_layers, gens, one_by_one, one_thread, tiny_target, trained_fused)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-LAYERS = (0, 2)
-
-
-def four_layers():
-    return tiny_target(n_layer=4)
-
+LAYERS = FUSED_LAYERS
 
 @torch.no_grad()
 def test_the_target_hands_on_its_layers_before_h_and_its_logits_stay():
@@ -106,48 +101,6 @@ def test_training_fuses_the_first_step_and_feeds_later_steps_predictions():
     assert {"reg", "reg_2", "accept", "accept_2"} <= set(losses) and all(v.isfinite() for v in losses.values())
     losses["reg"].backward()
     assert drafter.fuse.weight.grad is not None and drafter.fuse.weight.grad.abs().sum() > 0
-
-
-@pytest.fixture(scope="module")
-def trained_fused(one_thread):
-    """A 4-layer tiny target and a fused drafter trained on its own samples (seconds)."""
-    from lantern.pipeline.train_drafter import self_generate
-
-    target = four_layers()
-    labels = torch.arange(192) % 4
-    tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
-    drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3,
-                                                                     feature_layers=list(LAYERS)))
-    assert target.feature_layers == LAYERS
-    return target, drafter
-
-
-@pytest.mark.parametrize("cfg", [1.0, 2.0])
-def test_greedy_speculative_with_a_fused_drafter_equals_greedy_ar(trained_fused, cfg):
-    target, drafter = trained_fused
-    params = SamplingParams(cfg_scale=cfg, greedy=True, top_k=8)
-    cond = torch.arange(4)
-    ar, _ = generate(target, cond, params, gens(4))
-    accepted = 0
-    for gamma in (1, 3):
-        sd, stats = decode(target, drafter, cond, params, AcceptRule(), Chain(gamma), gens(4))
-        assert torch.equal(sd, ar)
-        accepted += sum(s.accepted_total for s in stats)
-    assert accepted > 20  # drafts from fused catch-ups and from later steps were accepted, not only corrections
-
-
-def test_greedy_trees_with_a_fused_drafter_equal_greedy_ar(trained_fused):
-    """A tree's catch-up reads the fused layers, its deeper nodes their parents' predictions."""
-    from lantern.engine.trees import DynamicTree, static_tree
-
-    target, drafter = trained_fused
-    params = SamplingParams(cfg_scale=2.0, greedy=True, top_k=8)
-    cond = torch.arange(4)
-    ar, _ = generate(target, cond, params, gens(4))
-    for tree in (static_tree("naive_extend_57"), DynamicTree(depth=4, top_k=3, total_tokens=10)):
-        out, stats = decode(target, drafter, cond, params, AcceptRule(), tree, gens(4))
-        assert torch.equal(out, ar)
-        assert sum(s.accepted_total for s in stats) > 20
 
 
 def test_a_fused_batch_decodes_as_its_images_do_alone(trained_fused):

@@ -9,14 +9,15 @@ from lantern.engine.sampling import SamplingParams, image_generator
 from lantern.engine import methods
 from lantern.engine.chain import Chain
 from lantern.engine.speculative import decode
-from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained, trained_fused  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.parametrize("pair", ["trained", "trained_fused"])  # EAGLE-1, and a drafter reading target layers
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
-def test_greedy_speculative_equals_greedy_ar(trained, cfg):
-    target, drafter = trained
+def test_greedy_speculative_equals_greedy_ar(pair, cfg, request):
+    target, drafter = request.getfixturevalue(pair)
     params = SamplingParams(cfg_scale=cfg, greedy=True, top_k=8)
     cond = torch.arange(4)
     ar, _ = generate(target, cond, params, gens(4))

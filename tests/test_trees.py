@@ -16,7 +16,7 @@ from lantern.engine.trees import (
 from lantern.engine.batched import SCRATCH, Image
 from lantern.engine.batched_trees import TreeRounds
 from lantern.engine.stats import ImageStats
-from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
+from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained, trained_fused  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,9 +104,10 @@ def test_shape_specs_and_errors():
 
 
 # -- greedy: exactly the AR tokens ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("pair", ["trained", "trained_fused"])  # EAGLE-1, and a drafter reading target layers
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
-def test_greedy_tree_decoding_equals_greedy_ar(trained, cfg):
-    target, drafter = trained
+def test_greedy_tree_decoding_equals_greedy_ar(pair, cfg, request):
+    target, drafter = request.getfixturevalue(pair)
     params = SamplingParams(cfg_scale=cfg, greedy=True, top_k=8)
     cond = torch.arange(4)
     ar, _ = generate(target, cond, params, gens(4))

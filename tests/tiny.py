@@ -114,6 +114,26 @@ def trained(one_thread):
     return target, drafter
 
 
+FUSED_LAYERS = (0, 2)
+
+
+def four_layers():
+    return tiny_target(n_layer=4)
+
+
+@pytest.fixture(scope="module")
+def trained_fused(one_thread):
+    """A 4-layer tiny target and a drafter that also reads its layers 0 and 2 (DrafterOptions.feature_layers),
+    trained on the target's own samples (seconds)."""
+    target = four_layers()
+    labels = torch.arange(192) % 4
+    tokens = self_generate(target, labels, {"temperature": 1.0}, seed=0)
+    drafter, _ = train_drafter(target, tokens, labels, DrafterParams(epochs=6, batch_size=32, lr=3e-3,
+                                                                     feature_layers=list(FUSED_LAYERS)))
+    assert target.feature_layers == FUSED_LAYERS
+    return target, drafter
+
+
 def decode_one(target, drafter, cond, params, rule, drafting, generator, table=None, cond_mask=None):
     """One image (cond [1] or [1, T, C]) through speculative.decode as a batch of one: (tokens [N], stats)."""
     from lantern.engine.speculative import decode
