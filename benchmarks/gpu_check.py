@@ -1,7 +1,7 @@
 """GPU acceptance check, for the day a CUDA device is at hand: one device, under 10 minutes, one CSV.
 
     python benchmarks/gpu_check.py [--out gpu_check.csv] [--specs NAME ...] [--sizes GPT-B GPT-L GPT-XL]
-        [--batch 1 8] [--tokens 256] [--budget-s 420]
+        [--batch 1 8] [--tokens 256] [--budget-s 420] [--feature-layers L ...]
 
 1. compiled == eager: every decoder (plain AR and every drafting kind with the registry's rules) decodes a batch of
    a random toy-shaped target with compile on (CUDA graphs, engine/compiled.py) and off, sampling and greedy, from
@@ -17,6 +17,10 @@
    speculative round's cost (the batched chain decoder, exact rule, gamma 4, a random drafter of the target's width,
    compiled verify) per round. Random weights give near-flat distributions, so acceptance says nothing here: these
    rows time what a token and a round cost. Rows not begun when --budget-s is spent are written as skipped.
+
+--feature-layers gives every drafter of steps 1 to 3 those target layers beside h_t (EAGLE-3's fusion,
+DrafterOptions.feature_layers), its fuse map random rather than h_t alone, so the fused path is what runs; layers
+beyond a shape's depth are dropped for that shape.
 
 On a machine without CUDA it stops with one line. --smoke runs every step at toy sizes on the CPU (no compile, no
 sync counting: both are CUDA's) so that tests/test_gpu_check.py keeps the script working; its numbers mean nothing.
@@ -74,13 +78,13 @@ def timed(device, fn):
 class World:
     """A random target and the files build_decoder reads (drafter, VQ, neighbour table), in a temporary folder."""
 
-    def __init__(self, args, device, dtype, folder: Path):
+    def __init__(self, args, device, dtype, folder: Path, feature_layers=()):
         import dataclasses
 
         import torch
 
         from lantern.engine.checkpoint import save_checkpoint
-        from lantern.engine.drafter import Drafter, save_drafter
+        from lantern.engine.drafter import Drafter, DrafterOptions, save_drafter
         from lantern.engine.model import GPT
         from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
         from lantern.engine.vq import VQArgs, VQModel
@@ -89,7 +93,12 @@ class World:
         torch.manual_seed(0)
         self.target = GPT(args).to(device=device, dtype=dtype).eval()
         self.device, self.folder = device, folder
-        save_drafter(folder / "drafter.pt", Drafter.from_target(self.target))
+        layers = tuple(i for i in feature_layers if i < args.n_layer - 1)
+        drafter = Drafter.from_target(self.target, DrafterOptions(feature_layers=layers))
+        if drafter.fuse is not None:
+            drafter.fuse.reset_parameters()  # random: the other layers count, unlike the h_t-alone start
+        save_drafter(folder / "drafter.pt", drafter)
+        self.feature_layers = layers
         vq_args = VQArgs(codebook_size=args.vocab_size, codebook_embed_dim=8, ch=8, ch_mult=(1, 1), z_channels=8,
                          enc_res_blocks=1, dec_res_blocks=1, norm_groups=4)
         save_checkpoint(folder / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
@@ -132,8 +141,9 @@ def check_compiled_equals_eager(world: World, rows: list, smoke: bool, specs) ->
             compiled, _ = world.decoder(spec, params, True)(*batch(world, 4))
             same = bool((eager == compiled).all())
             ok &= same
-            rows.append(row("compiled_equals_eager", name, mode=mode, value=same, unit="bool"))
-            print(f"compiled == eager, {name} {mode}: {same}", flush=True)
+            rows.append(row("compiled_equals_eager", name, mode=mode, value=same, unit="bool",
+                            note=fused_note(world).removeprefix(", ")))
+            print(f"compiled == eager, {name} {mode}{fused_note(world)}: {same}", flush=True)
     return ok
 
 
@@ -166,8 +176,8 @@ def count_syncs(world: World, rows: list, smoke: bool, specs) -> None:
         rounds = max(s.target_forwards for s in stats) - 1  # the prefill aside
         rows.append(row("host_syncs", name, batch=8, value=syncs, unit="syncs per batch"))
         rows.append(row("host_syncs_per_round", name, batch=8, value=round(syncs / max(rounds, 1), 1),
-                        unit="syncs per round", note=f"{rounds} rounds"))
-        print(f"host syncs, {name}: {syncs} over {rounds} rounds", flush=True)
+                        unit="syncs per round", note=f"{rounds} rounds{fused_note(world)}"))
+        print(f"host syncs, {name}{fused_note(world)}: {syncs} over {rounds} rounds", flush=True)
 
 
 def upstream_ar(model, cond, params) -> None:
@@ -199,7 +209,7 @@ def latency(args_of, sizes, batches, a, rows: list, device, dtype, started: floa
     chain = SPECS["chain-exact"]
     for size in sizes:
         with tempfile.TemporaryDirectory() as folder:
-            world = World(args_of(size), device, dtype, Path(folder))
+            world = World(args_of(size), device, dtype, Path(folder), a.feature_layers)
             N = world.target.args.image_tokens
             compile = not a.smoke
             size = f"{size} (tiny: --smoke)" if a.smoke else size
@@ -224,13 +234,17 @@ def latency(args_of, sizes, batches, a, rows: list, device, dtype, started: floa
                     row("upstream_ar_ms_per_token", size, batch=B, value=1e3 * t_up / N, unit="ms",
                         note="eager, torch.multinomial on the device"),
                     row("chain_round_ms", size, batch=B, value=1e3 * t_spec / max(rounds, 1), unit="ms",
-                        note=f"exact, gamma 4, {rounds} rounds, {path}"),
+                        note=f"exact, gamma 4, {rounds} rounds, {path}{fused_note(world)}"),
                 ]
                 print(f"{size} batch {B}: plain AR {1e3 * t_ours / N:.3f} ms/token ({path}), upstream-style "
                       f"{1e3 * t_up / N:.3f} ms/token, chain round {1e3 * t_spec / max(rounds, 1):.3f} ms", flush=True)
             del world
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def fused_note(world: World) -> str:
+    return f", drafter fuses layers {list(world.feature_layers)}" if world.feature_layers else ""
 
 
 def row(check: str, name: str, batch: int | None = None, mode: str = "", value=None, unit: str = "",
@@ -249,6 +263,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=256, help="image tokens of the latency models (a square)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="latency rows not begun after this many seconds are skipped (compiling XL takes minutes)")
+    ap.add_argument("--feature-layers", type=int, nargs="+", default=[], metavar="L",
+                    help="target layers every drafter also reads (EAGLE-3's fusion; default: h_t alone)")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: the script's plumbing, no numbers")
     a = ap.parse_args(argv)
     refuse_without_cuda(a.smoke)
@@ -269,7 +285,7 @@ def main(argv=None) -> int:
         args_of, dtype = (lambda size: named_args(size, image_tokens=a.tokens)), torch.bfloat16
     rows: list[dict] = []
     with torch.no_grad(), tempfile.TemporaryDirectory() as folder:
-        world = World(check_args, device, torch.float32, Path(folder))
+        world = World(check_args, device, torch.float32, Path(folder), a.feature_layers)
         ok = check_compiled_equals_eager(world, rows, a.smoke, a.specs)
         count_syncs(world, rows, a.smoke, a.specs)
         del world

@@ -1,7 +1,7 @@
 """Where a speculative decoder's round goes, on one device: a LlamaGen shape with random weights, one image batch.
 
     python benchmarks/profile_round.py [--size GPT-XL] [--spec chain-exact] [--batch 1] [--tokens 256] [--eager]
-        [--ops [--top 30]] [--out profile.txt]
+        [--ops [--top 30]] [--feature-layers L ...] [--out profile.txt]
 
 Prints (and writes to --out) plain AR's time per token and the decoder's time per round, both through the same
 compile setting as `lantern sample` on that device (CUDA graphs on CUDA unless --eager); the round split into the
@@ -11,7 +11,8 @@ debug mode); with --ops, torch.profiler's operators by self host time and by sel
 (slow on the large shapes: summarising a 256-token GPT-XL image took over two minutes on an H200; add --tokens 64
 there). Random weights give
 near-flat distributions: acceptance means nothing here, the cost of a round does. --spec names a decoder of
-benchmarks/gpu_check.py's SPECS. On a machine without CUDA it runs on the CPU (fp32, eager); --smoke: toy sizes
+benchmarks/gpu_check.py's SPECS; --feature-layers gives its drafter those target layers beside h_t (EAGLE-3's
+fusion, a random fuse map). On a machine without CUDA it runs on the CPU (fp32, eager); --smoke: toy sizes
 there, for tests/test_profile_round.py.
 """
 
@@ -44,11 +45,12 @@ def profile(a) -> list[str]:
     lines = []
     say = lambda text: (print(text, flush=True), lines.append(text))  # noqa: E731
     with tempfile.TemporaryDirectory() as folder:
-        world = World(args, device, dtype, Path(folder))
+        world = World(args, device, dtype, Path(folder), a.feature_layers)
         N = world.target.args.image_tokens
         say(f"{a.size if not a.smoke else 'tiny (--smoke)'}, {a.spec}, batch {a.batch}, {N} tokens, CFG 2, {device} "
             f"{str(dtype).removeprefix('torch.')}, {'compiled (CUDA graphs)' if compile else 'eager'}, torch "
-            f"{torch.__version__}{', ' + torch.cuda.get_device_name(device) if cuda else ''}")
+            f"{torch.__version__}{', ' + torch.cuda.get_device_name(device) if cuda else ''}"
+            f"{f', drafter fuses target layers {list(world.feature_layers)}' if world.feature_layers else ''}")
         ar, spec = world.decoder({"name": "vanilla"}, params, compile), world.decoder(SPECS[a.spec], params, compile)
         for run in (ar, spec):
             run(*batch(world, a.batch))  # warm-up (and compilation)
@@ -87,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs, also on CUDA")
     ap.add_argument("--ops", action="store_true", help="also torch.profiler's operator tables (slow on large shapes)")
     ap.add_argument("--top", type=int, default=30, help="operators per profiler table (--ops)")
+    ap.add_argument("--feature-layers", type=int, nargs="+", default=[], metavar="L",
+                    help="target layers the drafter also reads (EAGLE-3's fusion; default: h_t alone)")
     ap.add_argument("--out", help="also write the report here")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: the script's plumbing, no numbers")
     a = ap.parse_args(argv)

@@ -43,3 +43,14 @@ def test_specs_narrow_the_checks_and_no_sizes_skip_latency(tmp_path):
     assert {r["name"] for r in rows if r["check"] == "compiled_equals_eager"} == {"vanilla", "chain-exact"}
     assert {r["name"] for r in rows if r["check"] == "host_syncs_per_round"} == {"vanilla", "chain-exact"}
     assert {r["check"] for r in rows} == {"compiled_equals_eager", "host_syncs_per_round", "wall_s"}
+
+
+def test_feature_layers_give_every_drafter_a_fused_input(tmp_path):
+    gpu_check = benchmark_script("gpu_check")
+    out = tmp_path / "c.csv"
+    # the smoke shape has 2 layers: layer 0 is read, layer 5 lies beyond it and is dropped
+    assert gpu_check.main(["--smoke", "--out", str(out), "--specs", "chain-exact", "static-lanternpp",
+                           "--sizes", "GPT-B", "--batch", "1", "--feature-layers", "0", "5"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    timed = [r for r in rows if r["check"] == "chain_round_ms"]
+    assert len(timed) == 1 and timed[0]["note"].endswith("drafter fuses layers [0]")

@@ -17,3 +17,9 @@ def test_without_ops_there_is_no_operator_table(tmp_path):
     out = tmp_path / "p.txt"
     assert benchmark_script("profile_round").main(["--smoke", "--out", str(out)]) == 0
     assert "Self CPU" not in out.read_text() and len(out.read_text().splitlines()) == 3
+
+
+def test_feature_layers_reach_the_drafter(tmp_path):
+    out = tmp_path / "p.txt"
+    assert benchmark_script("profile_round").main(["--smoke", "--feature-layers", "0", "--out", str(out)]) == 0
+    assert out.read_text().splitlines()[0].endswith("drafter fuses target layers [0]")
