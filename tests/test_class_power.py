@@ -40,3 +40,22 @@ def test_refuses_bad_arguments_in_one_line(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1] and [line for line in err if "error" in line] == err[-1:]  # usage, then one line
     assert not (tmp_path / "out").exists()
+
+
+def test_images_of_another_count_or_drafter_are_not_reused(tmp_path):
+    import argparse
+    import json
+
+    reusable = benchmark_script("class_power").reusable
+    folder = tmp_path / "lantern-chain-g4-d0.05-k10"
+    folder.mkdir()
+    spec = {"name": "lantern"}
+    a = argparse.Namespace(images=64, world="w", drafter=None)
+    assert not reusable(spec, folder, a)  # nothing there yet: decode it
+    (folder / "stats.csv").write_text("image_index,label\n")
+    (folder / "manifest.json").write_text(json.dumps({"end": 64, "drafter": "w/drafter.pt"}))
+    assert reusable(spec, folder, a)
+    with pytest.raises(SystemExit, match="holds 64 images from drafter w/drafter.pt, not 64 images from drafter f.pt"):
+        reusable(spec, folder, argparse.Namespace(images=64, world="w", drafter="f.pt"))
+    with pytest.raises(SystemExit, match="holds 64 images, not 128 images; give another --out"):
+        reusable({"name": "vanilla"}, folder, argparse.Namespace(images=128, world="w", drafter=None))
