@@ -38,8 +38,8 @@ NEIGHBOURS_K = 200  # the sweep's table (config neighbours.k)
 
 def difference(hits, reference) -> dict:
     """A point's hits (0/1 per image) against plain AR's on the same images: accuracy, its binomial SE, the
-    difference, its SE and z unpaired (independent binomials) and paired (the per-image differences' mean over
-    their SEM; 0 where they never differ)."""
+    difference, its SE and z unpaired (independent binomials: the tables' test, relative.quality_z, on hits) and
+    paired (the per-image differences' mean over their SEM; 0 where they never differ)."""
     from lantern.metrics.classifier import accuracy_se
 
     hits, reference = hits.float(), reference.float()
