@@ -613,6 +613,19 @@ def test_bad_file_or_argument_is_one_line(make_args, pattern, files, tmp_path, c
     assert not [p for p in tmp_path.iterdir()], "nothing may be written"
 
 
+def test_the_cli_leaves_argparse_as_it_found_it(files, tmp_path, capsys):
+    """cli() makes argparse's errors one line for its command only: an in-process caller's own parsers (a benchmark
+    script's, a test's) exit with argparse's usage afterwards, whichever test ran before."""
+    import argparse
+
+    default = argparse.ArgumentParser.error
+    assert cli(["make-data", "--out", str(tmp_path / "out"), "--n", "3", "--seed", "0", "--params", '{"colour": 1}']) == 2
+    assert argparse.ArgumentParser.error is default
+    with pytest.raises(SystemExit):
+        argparse.ArgumentParser(prog="p").parse_args(["--nope"])
+    assert "p: error: unrecognized arguments: --nope" in capsys.readouterr().err
+
+
 def test_the_table_is_large_enough():
     assert len(CONFIGS) + len(FILE_CONFIG_IDS) + len(CONFIG_FILE_CASES) + len(FILE_CASES) >= 45
 

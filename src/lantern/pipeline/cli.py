@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; choose one of: {', '.join(sorted(COMMANDS))}", file=sys.stderr)
         return 2
-    argparse.ArgumentParser.error = _one_line
+    # for this command only: a test or script that calls main() in-process keeps argparse's own errors afterwards
+    default_error, argparse.ArgumentParser.error = argparse.ArgumentParser.error, _one_line
     try:
         importlib.import_module(COMMANDS[name]).main(rest)
     except UserError as e:
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:
+        argparse.ArgumentParser.error = default_error
     return 0
 
 
