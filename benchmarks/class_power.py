@@ -68,12 +68,16 @@ def spec_of(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def drafter_of(a) -> str:
+    return a.drafter or str(Path(a.world) / "drafter.pt")
+
+
 def reusable(spec: dict, folder: Path, a) -> bool:
     """Whether a point's images are in OUT already; images of another count or drafter stop the script."""
     if not (folder / "stats.csv").is_file():
         return False
     made = json.loads((folder / "manifest.json").read_text())
-    drafter = a.drafter or str(Path(a.world) / "drafter.pt")
+    drafter = drafter_of(a)
     theirs = f"{made.get('end')} images" + (f" from drafter {made.get('drafter')}" if spec["name"] != "vanilla" else "")
     ours = f"{a.images} images" + (f" from drafter {drafter}" if spec["name"] != "vanilla" else "")
     if theirs != ours:
@@ -82,17 +86,14 @@ def reusable(spec: dict, folder: Path, a) -> bool:
 
 
 def decode(spec: dict, folder: Path, a, neighbours: Path) -> None:
-    """`lantern sample` for one point, unless its images are there already (`reusable`)."""
+    """`lantern sample` for one point."""
     world = Path(a.world)
-    drafter = a.drafter or str(world / "drafter.pt")
-    if reusable(spec, folder, a):
-        return
     cmd = [sys.executable, "-m", "lantern", "sample", "--target", str(world / "target.pt"), "--vq",
            str(world / "vq.pt"), "--method", json.dumps({**spec, "seed": 0}), "--sampling", json.dumps(SAMPLING),
            "--mode", "sampling", "--seed", "0", "--start", "0", "--end", str(a.images), "--out", str(folder),
            "--device", "cpu", "--batch-size", "8", "--latency-images", "0", "--threads", "1"]
     if spec["name"] != "vanilla":
-        cmd += ["--drafter", drafter, "--neighbours", str(neighbours)]
+        cmd += ["--drafter", drafter_of(a), "--neighbours", str(neighbours)]
     log = folder.parent / f"{folder.name}.log"  # not with_suffix: point names hold dots (d0.05)
     with open(log, "w") as f:
         if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode:
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         ap.error(f"--images {a.images}: give a multiple of 8, at least 16")
     world = Path(a.world)
     missing = [str(p) for p in (world / "target.pt", world / "vq.pt", world / "classifier.pt",
-                                Path(a.drafter or world / "drafter.pt")) if not p.is_file()]
+                                Path(drafter_of(a))) if not p.is_file()]
     if missing:
         ap.error(f"missing {', '.join(missing)}: run `make run` (or give --world / --drafter)")
 
@@ -144,10 +145,9 @@ def main(argv=None) -> int:
         save_torch(build_table(read_codebook(world / "vq.pt"), NeighbourParams(k=NEIGHBOURS_K)), neighbours)
     specs = a.points or [normalize(s) for s in DEFAULT_POINTS]
     points = {point_name(s): s for s in [VANILLA] + [s for s in specs if s["name"] != "vanilla"]}
-    for name, spec in points.items():  # before any decoding
-        reusable(spec, out / name, a)
+    todo = [name for name, spec in points.items() if not reusable(spec, out / name, a)]  # before any decoding
     with ThreadPoolExecutor(a.jobs) as pool:  # each job a process with one torch thread
-        list(pool.map(lambda name: decode(points[name], out / name, a, neighbours), points))
+        list(pool.map(lambda name: decode(points[name], out / name, a, neighbours), todo))
     torch.set_num_threads(1)
     net = load_classifier(world / "classifier.pt")
     scored = {name: score(out / name, net) for name in points}
