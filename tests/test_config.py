@@ -149,6 +149,9 @@ def test_shipped_configs_are_valid():
     base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     scan = yaml.safe_load((ROOT / "config" / "lantern-k-scan.yaml").read_text())
     validate_config({**base, **scan, "sweep": {**base["sweep"], **scan["sweep"]}})
+    band = yaml.safe_load((ROOT / "config" / "band-1024.yaml").read_text())
+    cfg = validate_config({**base, **band, "sweep": {**base["sweep"], **band["sweep"]}})
+    assert cfg["sweep"]["n_images"] == 1024 and cfg["sweep"]["modes"] == ["sampling"]
     features = yaml.safe_load((ROOT / "config" / "drafter-features.yaml").read_text())
     cfg = validate_config({**base, **features, "toy": {**base["toy"], **features["toy"]}})
     assert cfg["toy"]["drafter"]["feature_layers"] == [7, 15, 23]
