@@ -152,9 +152,10 @@ def test_shipped_configs_are_valid():
     band = yaml.safe_load((ROOT / "config" / "band-1024.yaml").read_text())
     cfg = validate_config({**base, **band, "sweep": {**base["sweep"], **band["sweep"]}})
     assert cfg["sweep"]["n_images"] == 1024 and cfg["sweep"]["modes"] == ["sampling"]
-    features = yaml.safe_load((ROOT / "config" / "drafter-features.yaml").read_text())
-    cfg = validate_config({**base, **features, "toy": {**base["toy"], **features["toy"]}})
-    assert cfg["toy"]["drafter"]["feature_layers"] == [7, 15, 23]
+    assert validate_config(base)["toy"]["drafter"]["feature_layers"] == [7, 15, 23]  # the shipped drafter's recipe
+    eagle1 = yaml.safe_load((ROOT / "config" / "drafter-eagle1.yaml").read_text())
+    cfg = validate_config({**base, **eagle1, "toy": {**base["toy"], **eagle1["toy"]}})
+    assert cfg["toy"]["drafter"]["feature_layers"] == [] and cfg["toy"]["drafter"]["unroll"] == 1
 
 
 def test_snakemake_stops_before_any_job_with_one_line(tmp_path):

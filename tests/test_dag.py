@@ -96,20 +96,20 @@ def test_a_changed_training_recipe_reruns_its_rule(smoke_run, tmp_path):
 
 
 def test_the_drafter_alone_retrains_for_the_shipped_target(tmp_path):
-    """With shipped checkpoints the drafter rule still exists (ship_toy.py --only drafter; the feature-layer
-    recipe of config/drafter-features.yaml): it trains on the shipped target, and a self-generated recipe asks for
-    no token files (no data, VQ or tokenize job)."""
+    """With shipped checkpoints the drafter rule still exists (ship_toy.py --only drafter; the EAGLE-1 recipe of
+    config/drafter-eagle1.yaml): it trains on the shipped target, and a self-generated recipe asks for no token files
+    (no data, VQ or tokenize job)."""
     out = tmp_path / "out"
     drafter = out / "toy" / "default" / "models" / "drafter.pt"
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "none", "-n", "-p", "--cores", "2",
-           "--configfile", "config/config.yaml", "config/drafter-features.yaml", "--config", f"outdir={out}", "--",
+           "--configfile", "config/config.yaml", "config/drafter-eagle1.yaml", "--config", f"outdir={out}", "--",
            str(drafter)]
     r = subprocess.run(cmd, cwd=REPO, env=snakemake_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert jobs_run_text(r.stdout) == {"train_drafter": 1}
     shell = next(line for line in r.stdout.splitlines() if "lantern train-drafter" in line)
     assert f"--target {REPO}/models/toy/default/target.pt" in shell and "--tokens" not in shell
-    assert '"feature_layers": [7, 15, 23]' in shell and '"unroll": 2' in shell  # the overlay's recipe
+    assert '"feature_layers": []' in shell and '"unroll": 1' in shell  # the overlay's recipe, not the default's
 
 
 def test_deleting_a_figure_reruns_only_its_rule(smoke_run, tmp_path):
