@@ -8,7 +8,7 @@ Rows: the shipped toy target and drafter; then LlamaGen shapes (random weights, 
 candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's tokens and codebook). Issue #31 asks
 the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step, as LlamaGen-XL's on a GPU.
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
-(delta 0.05, k 10, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
+(delta 0.1, k 3, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
 tree (each also with the full walk of its acceptance, as on a GPU, without batched_trees.settled's early exits),
 with --exact-trees exact decoding and with --lanternpp-trees LANTERN++ (lam 5, k 100) on more static trees (a
 shape's name or its rank paths, as a sweep's `tree:`), and plain
@@ -69,8 +69,8 @@ def report_rounds(world: Path, target: GPT, drafter, n: int, gammas: list[int], 
     decoders = {
         **{f"exact chain g{gamma}": exact(Chain(gamma)) for gamma in gammas},
         **{f"exact tree {tree_label(shape)}": exact(shape) for shape in exact_trees},
-        "LANTERN d0.05 k10": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.05, k=10),
-                                                 Chain(4), g, table)[1],
+        "LANTERN d0.1 k3": lambda c, g: decode(target, drafter, c, params, AcceptRule("lantern", delta=0.1, k=3),
+                                               Chain(4), g, table)[1],
         **({f"LANTERN++ {kind}{' full walk' if full else ''}": tree(shape, full)
             for kind, shape in (("static", static_tree("naive_extend_57")), ("dynamic", DynamicTree()))
             for full in (False, True)} if trees else {}),

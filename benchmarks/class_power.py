@@ -2,7 +2,7 @@
 `lantern sample` (the sweep's own job: same seeds, labels and batches of 8), then the world's classifier reads them.
 
     python benchmarks/class_power.py [--world models/toy/default] [--drafter D.pt] [--images 1024] [--jobs 2]
-        [--points '{"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.05, "k": 10}' ...]
+        [--points '{"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3}' ...]
         [--out class_power]
 
 The default run's 128 images per point give class accuracy a binomial SE of about 0.03, so its noise band (2 SE of
@@ -11,7 +11,7 @@ same images: the difference, its SE and z unpaired (two binomials) and paired (i
 seed and label, so the hits pair up; the paired z is the sharper one where early tokens agree). Prints one line per
 point and writes them to OUT/class_power.csv. Points whose images are already in OUT are not decoded again (their
 folders are named by the sweep's point names); plain AR is always a point. Default points: plain AR, the exact
-chain (gamma 2) and LANTERN at the default run's delta 0.05 with k 10 and 5.
+chain (gamma 2) and LANTERN at the default run's delta 0.1 with k 3 and 5.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import pandas as pd
 VANILLA = {"name": "vanilla"}
 DEFAULT_POINTS = [
     {"name": "exact", "drafting": "chain", "gamma": 2},
-    {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.05, "k": 10},
-    {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.05, "k": 5},
+    {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3},
+    {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 5},
 ]
 SAMPLING = {"cfg_scale": 2.0}  # the default sweep's
 NEIGHBOURS_K = 200  # the sweep's table (config neighbours.k)
