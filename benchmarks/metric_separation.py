@@ -2,7 +2,7 @@
 sweep's vanilla / vanilla-control / aggressive-LANTERN points, scored by one protocol against one reference.
 
     python benchmarks/metric_separation.py [--config config/config.yaml] [--n 200] [--steps 40]
-        [--points vanilla vanilla-control exact-chain-g2 lantern-chain-g4-d0.2-k10] [--work results/separation]
+        [--points vanilla vanilla-control exact-chain-g2 lantern-chain-g4-d0.1-k10] [--work results/separation]
 
 Needs a finished default run (`make run`: the reference val.pt and the sweep's metrics). It makes N fresh real
 images (indices far from the training and validation splits), trains a target of the default size for only
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="training steps of the undertrained target")
     ap.add_argument("--train-images", type=int, default=4000)
     ap.add_argument("--points", nargs="+",
-                    default=["vanilla", "vanilla-control", "exact-chain-g2", "lantern-chain-g4-d0.2-k10"])
+                    default=["vanilla", "vanilla-control", "exact-chain-g2", "lantern-chain-g4-d0.1-k10"])
     ap.add_argument("--mode", default="sampling")
     ap.add_argument("--work", default="results/separation")
     ap.add_argument("--out", default="results/tables/metric_separation.csv")
