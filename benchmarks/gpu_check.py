@@ -78,7 +78,7 @@ def timed(device, fn):
 class World:
     """A random target and the files build_decoder reads (drafter, VQ, neighbour table), in a temporary folder."""
 
-    def __init__(self, args, device, dtype, folder: Path, feature_layers=()):
+    def __init__(self, args, device, dtype, folder: Path, feature_layers=(), table_k: int = 50):
         import dataclasses
 
         import torch
@@ -102,7 +102,8 @@ class World:
         vq_args = VQArgs(codebook_size=args.vocab_size, codebook_embed_dim=8, ch=8, ch_mult=(1, 1), z_channels=8,
                          enc_res_blocks=1, dec_res_blocks=1, norm_groups=4)
         save_checkpoint(folder / "vq.pt", VQModel(vq_args), args=dataclasses.asdict(vq_args))
-        save_torch(build_table(read_codebook(folder / "vq.pt"), NeighbourParams(k=50)), folder / "neighbours.pt")
+        save_torch(build_table(read_codebook(folder / "vq.pt"), NeighbourParams(k=table_k)),
+                   folder / "neighbours.pt")
 
     def decoder(self, spec: dict, params, compile: bool):
         """(cond, generators) -> (tokens, stats): plain AR or the registry's decoder of `spec`."""

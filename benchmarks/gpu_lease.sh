@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # A short GPU lease's checks, most important first, each under its own time limit so that one hang costs only its
-# share: compiled == eager and host syncs for plain AR, the chain decoders (compiled drafting) and the static tree
-# on the toy shape (gpu_check.py), then a speculative round's cost on GPT-XL for the exact chain and LANTERN++'s
-# static tree (profile_round.py). Needs python3 with torch and CUDA; the repository's src/ is put on PYTHONPATH.
+# share: the whole-round chain graph's cost on GPT-XL at batch 1 (exact and LANTERN), compiled == eager for it on
+# the toy shape, then batch 8. Rows go to OUTDIR/gpu_rounds.csv (append them to benchmarks/records/gpu_rounds.csv).
+# Needs python3 with torch and CUDA; the repository's src/ is put on PYTHONPATH.
 #
-#     bash benchmarks/gpu_lease.sh OUTDIR        (writes OUTDIR/*.log and OUTDIR/gpu_check.csv)
+#     COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_lease.sh OUTDIR
 set -u
-out=${1:?usage: bash benchmarks/gpu_lease.sh OUTDIR}
+out=${1:?usage: COMMIT=<sha> bash benchmarks/gpu_lease.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+rec=(--commit "${COMMIT:-unknown}" --record "$out/gpu_rounds.csv")
 
 step() {  # step LIMIT_S NAME COMMAND...: run it under timeout, its output to the screen and OUTDIR/NAME.log
     local limit=$1 name=$2 t0=$SECONDS
@@ -22,7 +23,6 @@ step() {  # step LIMIT_S NAME COMMAND...: run it under timeout, its output to th
 
 nvidia-smi -L
 $py -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
-step 230 gpu_check $py benchmarks/gpu_check.py --specs vanilla chain-exact chain-lantern chain-lanterntv chain-coolsd \
-    static-lanternpp --sizes --out "$out/gpu_check.csv"
-step 150 round_chain_exact_xl $py benchmarks/profile_round.py --size GPT-XL --spec chain-exact
-step 120 round_static_xl $py benchmarks/profile_round.py --size GPT-XL --spec static-lanternpp
+step 230 rounds_xl_b1 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-exact chain-lantern --batch 1 "${rec[@]}"
+step 130 gpu_check $py benchmarks/gpu_check.py --specs chain-exact chain-lantern --sizes --out "$out/gpu_check.csv"
+step 150 rounds_xl_b8 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-exact --batch 8 "${rec[@]}"

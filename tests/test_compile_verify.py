@@ -97,13 +97,17 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_chain_drafts_and_verify_both_go_through_compiled_steps(f64, monkeypatch):
-    """compile=True compiles the chain's whole drafting (catch-up, drafter steps, q and draws), not just the verify."""
+@pytest.mark.parametrize("rule, steps", [("exact", {"chain_round"}), ("lantern", {"chain_round"}),
+                                         ("coolsd", {"chain_drafts", "verify_step"})])
+def test_chain_rounds_go_through_compiled_steps(f64, monkeypatch, rule, steps):
+    """compile=True runs a chain's whole round (drafting, verify, acceptance, commit) as one compiled call
+    (chain_graph.chain_round) for rules that verify on the device; a rule with host-side verification (Cool-SD)
+    keeps compiled drafting and verify around it."""
     asked = []
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     target, drafter = f64
-    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES["exact"], Chain(3))
-    assert {"chain_drafts", "verify_step"} <= set(asked)
+    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES[rule], Chain(3))
+    assert set(asked) == steps
 
 
 def test_kept_drafter_cache_is_the_same_buffers_in_a_fresh_state():

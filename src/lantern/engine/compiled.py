@@ -55,6 +55,19 @@ def compiled_step(fn: Callable, device) -> Callable:
     return _compiled[key]
 
 
+def static_buffer(owner, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A zeroed tensor kept between calls for `owner` (a model), one per (name, shape, dtype, device), at a static
+    address: a CUDA graph that updates it in place (chain_graph.chain_round's state) is recorded once and replayed
+    for every later batch of that shape."""
+    store = _caches.setdefault(owner, {})
+    key = (name, tuple(shape), dtype, torch.device(device))
+    if key not in store:
+        store[key] = torch.zeros(shape, dtype=dtype, device=device)
+        torch._dynamo.mark_static_address(store[key])
+        return store[key]
+    return store[key].zero_()
+
+
 def setup_static_cache(model, batch: int, dtype: torch.dtype | None = None, extra: int = 0,
                        cond_mask: torch.Tensor | None = None) -> None:
     """model.setup_cache on buffers kept between calls, for a target (GPT.setup_cache(batch, dtype, extra)) or a

@@ -1,0 +1,124 @@
+"""A chain round as ONE compiled function (compile=True): the drafter's catch-up and its gamma steps, the target's
+verify, acceptance, the residual or bonus draw and the commit, over every image of the batch at fixed shapes, on
+the device. On CUDA it is one CUDA graph replay a round (torch.compile "reduce-overhead"), so the round's host work
+is the images' uniforms going in (one copy) and the accepted lengths coming out (one read): the gpt-fast / SGLang
+pattern (../shared/reference/gpu-rounds.md). On a CPU inductor compiles the same function, which is how the tests
+check it against the eager rounds (batched.ChainRounds), token for token.
+
+The state lives on the device in buffers kept between batches (compiled.static_buffer), which the round updates in
+place, for every image b (finished ones take part as padding and are never written where they are read):
+- buf [B, N + gamma + 1]: the image's tokens (positions past N are scratch);
+- n [B]: tokens decoded so far (n = N: finished);
+- pend_h [R * B, gamma + 1, d]: the target's hidden states at the drafter's pending catch-up positions (forward
+  layout: image b at rows b and B + b), pend_len [B] of them (a + 1 after a round that accepted a drafts), paired
+  with the embeddings of the tokens buf[b, n - pend_len : n].
+A caption's condition positions (t2i: 120) are caught up once, in the prefill, so that every round's catch-up fits
+the fixed width gamma + 1. Rules that verify through their own host-side code (rule.impl: LANTERN-TV, GSD, Cool-SD)
+keep the eager-bookkept rounds (batched.ChainRounds).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lantern.engine import compiled
+from lantern.engine.acceptance import AcceptRule
+from lantern.engine.batched import ChainRounds, batch_probs, chain_drafts, in_rows, pack, ragged
+from lantern.engine.chain import accept_chains
+from lantern.engine.drafter import Drafter
+from lantern.engine.model import GPT
+from lantern.engine.sampling import SamplingParams, Uniforms
+from lantern.engine.stats import StepTimer
+
+
+def graph_capturable(rule: AcceptRule) -> bool:
+    """Whether a rule's chain round runs as one graph: its acceptance and residual are plain tensor ops."""
+    return rule.impl is None
+
+
+def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
+                u: Tensor | None, params: SamplingParams, table: Tensor | None, rule: AcceptRule) -> Tensor:
+    """One chain round for every image (the module docstring's state, updated in place); u [B, 2 gamma + 1] the
+    images' uniforms (None: greedy). Returns the accepted lengths a [B] (0 for finished images)."""
+    B, width = n.shape[0], pend_h.shape[1]
+    G, R, device = width - 1, pend_h.shape[0] // n.shape[0], n.device
+    N, T = target.args.image_tokens, target.args.cls_token_num
+    live = n < N
+    j = torch.arange(width, device=device)
+    # 1. draft: catch-up over the pending inputs, then the drafter's steps (chain_drafts)
+    lengths = torch.where(live, pend_len, 0)
+    tokens = buf.gather(1, ((n - pend_len)[:, None] + j).clamp(0, buf.shape[1] - 1))
+    emb = in_rows(drafter.embed_tokens(tokens), R)
+    pos, slots, visible = ragged(T + n - pend_len - 1, lengths, width, R, drafter.cache_len)
+    gs = torch.where(live, (N - n).clamp(max=G), 0)
+    X, q = chain_drafts(drafter, emb, pend_h, pos, slots, visible, None, (lengths - 1).clamp(min=0), T + n - 1, n,
+                        gs, u, params, G)
+    # 2. verify [y, drafts] at target positions Q = T + n - 1 ..
+    seq = torch.cat([buf.gather(1, (n - 1)[:, None]), X], 1)
+    pos, slots, visible = ragged(T + n - 1, torch.where(live, gs + 1, 0), width, R, target.cache_len)
+    logits, hidden = target.forward_rows(target.embed_tokens(in_rows(seq, R)), pos, slots, visible)
+    # 3. accept, draw the next token, commit (writes past a finished image's end land in buf's scratch columns)
+    P = batch_probs(logits, params, n[:, None] + j)
+    a, token = accept_chains(P, q, X, gs, u, params, table, rule)
+    a = torch.where(live, a, 0)
+    buf.scatter_(1, n[:, None] + j[:G], X)
+    buf.scatter_(1, (n + a)[:, None], token[:, None])
+    pend_h.copy_(hidden)
+    pend_len.copy_(a + 1)
+    n.copy_(torch.where(live, (n + a + 1).clamp(max=N), n))
+    return a
+
+
+class GraphChainRounds(ChainRounds):
+    """ChainRounds whose draft, verify and commit run as one compiled call (`chain_round`) per round; the host
+    keeps only the stats and each generator's place, from the round's one read."""
+
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list:
+        images = super().prefill(cond, generators, timer, cond_mask, True)
+        B, G, device = self.B, self.drafting.gamma, self.device
+        R, T = images[0].pend_emb.shape[0], images[0].pend_emb.shape[1]
+        with timer.section("other"):
+            emb = pack([im.pend_emb for im in images], T)
+            hidden = pack([im.pend_h for im in images], T)
+            if T > 1:  # the condition positions, caught up once (they never fit a round's width)
+                zeros, full = torch.zeros(B, dtype=torch.long, device=device), torch.full((B,), T - 1, device=device)
+                pos, slots, visible = ragged(zeros, full, T - 1, R, self.drafter.cache_len)
+                self.drafter.forward_rows(emb[:, : T - 1], hidden[:, : T - 1], pos, slots, visible)
+            buf = compiled.static_buffer(self.target, "chain_buf", self.buf.shape, torch.long, device)
+            self.buf = buf.copy_(self.buf)
+            self.n = compiled.static_buffer(self.target, "chain_n", (B,), torch.long, device).fill_(1)
+            self.pend_len = compiled.static_buffer(self.target, "chain_pend_len", (B,), torch.long, device).fill_(1)
+            self.pend_h = compiled.static_buffer(self.target, "chain_pend_h", (R * B, G + 1, hidden.shape[-1]),
+                                                 hidden.dtype, device)
+            self.pend_h[:, 0] = hidden[:, T - 1]
+        return images
+
+    def round(self, images: list) -> None:
+        """One round of every image (the finished ones as padding), then the round's one read."""
+        G, N = self.drafting.gamma, self.N
+        uniforms = None if self.params.greedy else Uniforms([im.generator for im in self.images], 2 * G + 1,
+                                                            self.device)
+        step = compiled.compiled_step(chain_round, self.device)
+        a = step(self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len,
+                 None if uniforms is None else uniforms.u, self.params, self.table, self.rule).tolist()
+        used = []
+        for im in self.images:
+            if im.n >= N:
+                used.append(0)
+                continue
+            a_i, g = a[im.index], min(G, N - im.n)
+            im.stats.target_forwards += 1
+            im.stats.drafter_forwards += g
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(g)
+            done = im.n + a_i == N
+            used.append(g + min(a_i + 1, g) + (not done))
+            im.n = min(im.n + a_i + 1, N)
+        if uniforms is not None:
+            uniforms.used(used)
+
+    def finish(self, images: list, timer: StepTimer):
+        self.buf = self.buf.clone()  # the kept buffer is the next batch's
+        return super().finish(images, timer)
