@@ -28,7 +28,7 @@ from lantern.engine.batched import ChainRounds, batch_probs, chain_drafts, in_ro
 from lantern.engine.chain import accept_chains
 from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, Uniforms
+from lantern.engine.sampling import SamplingParams
 from lantern.engine.stats import StepTimer
 
 
@@ -38,14 +38,18 @@ def graph_capturable(rule: AcceptRule) -> bool:
 
 
 def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
-                u: Tensor | None, params: SamplingParams, table: Tensor | None, rule: AcceptRule) -> Tensor:
-    """One chain round for every image (the module docstring's state, updated in place); u [B, 2 gamma + 1] the
-    images' uniforms (None: greedy). Returns the accepted lengths a [B] (0 for finished images)."""
+                stream: Tensor | None, taken: Tensor, params: SamplingParams, table: Tensor | None,
+                rule: AcceptRule) -> Tensor:
+    """One chain round for every image (the module docstring's state, updated in place). stream [B, M] each image's
+    uniforms for the whole image, drawn ahead (None: greedy), of which the first taken [B] are used: the round reads
+    the next 2 gamma + 1 and advances `taken` by what it used. Returns the accepted lengths a [B] (0 for finished
+    images)."""
     B, width = n.shape[0], pend_h.shape[1]
     G, R, device = width - 1, pend_h.shape[0] // n.shape[0], n.device
     N, T = target.args.image_tokens, target.args.cls_token_num
     live = n < N
     j = torch.arange(width, device=device)
+    u = None if stream is None else stream.gather(1, taken[:, None] + torch.arange(2 * G + 1, device=device))
     # 1. draft: catch-up over the pending inputs, then the drafter's steps (chain_drafts)
     lengths = torch.where(live, pend_len, 0)
     tokens = buf.gather(1, ((n - pend_len)[:, None] + j).clamp(0, buf.shape[1] - 1))
@@ -66,19 +70,25 @@ def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: T
     buf.scatter_(1, (n + a)[:, None], token[:, None])
     pend_h.copy_(hidden)
     pend_len.copy_(a + 1)
+    # the uniforms used: the drafts', the tried drafts', the next token's unless the drafts completed the image
+    taken.add_(torch.where(live, gs + torch.minimum(a + 1, gs) + (n + a < N).long(), 0))
     n.copy_(torch.where(live, (n + a + 1).clamp(max=N), n))
     return a
 
 
 class GraphChainRounds(ChainRounds):
-    """ChainRounds whose draft, verify and commit run as one compiled call (`chain_round`) per round; the host
-    keeps only the stats and each generator's place, from the round's one read."""
+    """ChainRounds whose draft, verify and commit run as one compiled call (`chain_round`) per round. Every image's
+    uniforms for the whole image are drawn from its generator in the prefill and sent in one copy; the generator
+    is then advanced by what the image used, at the end. The host reads each round's accepted lengths one round
+    late: round r + 1 is queued before round r's lengths are read, so the host's launch overlaps the device's work;
+    the price is one round of padding after the batch's last (every image finished, nothing written)."""
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list:
         images = super().prefill(cond, generators, timer, cond_mask, True)
-        B, G, device = self.B, self.drafting.gamma, self.device
+        B, G, N, device = self.B, self.drafting.gamma, self.N, self.device
         R, T = images[0].pend_emb.shape[0], images[0].pend_emb.shape[1]
+        kept = lambda name, shape, dtype: compiled.static_buffer(self.target, name, shape, dtype, device)  # noqa: E731
         with timer.section("other"):
             emb = pack([im.pend_emb for im in images], T)
             hidden = pack([im.pend_h for im in images], T)
@@ -86,39 +96,63 @@ class GraphChainRounds(ChainRounds):
                 zeros, full = torch.zeros(B, dtype=torch.long, device=device), torch.full((B,), T - 1, device=device)
                 pos, slots, visible = ragged(zeros, full, T - 1, R, self.drafter.cache_len)
                 self.drafter.forward_rows(emb[:, : T - 1], hidden[:, : T - 1], pos, slots, visible)
-            buf = compiled.static_buffer(self.target, "chain_buf", self.buf.shape, torch.long, device)
-            self.buf = buf.copy_(self.buf)
-            self.n = compiled.static_buffer(self.target, "chain_n", (B,), torch.long, device).fill_(1)
-            self.pend_len = compiled.static_buffer(self.target, "chain_pend_len", (B,), torch.long, device).fill_(1)
-            self.pend_h = compiled.static_buffer(self.target, "chain_pend_h", (R * B, G + 1, hidden.shape[-1]),
-                                                 hidden.dtype, device)
+            self.buf = kept("chain_buf", self.buf.shape, torch.long).copy_(self.buf)
+            self.n = kept("chain_n", (B,), torch.long).fill_(1)
+            self.pend_len = kept("chain_pend_len", (B,), torch.long).fill_(1)
+            self.pend_h = kept("chain_pend_h", (R * B, G + 1, hidden.shape[-1]), hidden.dtype)
             self.pend_h[:, 0] = hidden[:, T - 1]
+            self.taken = kept("chain_taken", (B,), torch.long)
+            self.stream = None
+            if not self.params.greedy:  # at most 2 gamma + 1 a round, and every round makes a token
+                width = (N - 1) * (2 * G + 1)
+                self.states = [g.get_state() for g in generators]
+                u = torch.stack([torch.rand(width, generator=g, dtype=torch.float64) for g in generators])
+                self.stream = kept("chain_stream", (B, width + 2 * G + 1), torch.float64)
+                self.stream[:, :width].copy_(u)
+            pinned = device.type == "cuda"
+            self.reads = [torch.zeros(B, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+            self.queued = None  # (the host buffer a queued round's lengths arrive in, its event)
+            self.used = [0] * B
         return images
 
     def round(self, images: list) -> None:
-        """One round of every image (the finished ones as padding), then the round's one read."""
-        G, N = self.drafting.gamma, self.N
-        uniforms = None if self.params.greedy else Uniforms([im.generator for im in self.images], 2 * G + 1,
-                                                            self.device)
+        """Queue one round of every image (the finished ones as padding), then read the one before it."""
         step = compiled.compiled_step(chain_round, self.device)
-        a = step(self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len,
-                 None if uniforms is None else uniforms.u, self.params, self.table, self.rule).tolist()
-        used = []
-        for im in self.images:
+        a = step(self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len, self.stream, self.taken,
+                 self.params, self.table, self.rule)
+        read = self.reads[0].copy_(a, non_blocking=True)
+        self.reads.reverse()
+        done = torch.cuda.Event() if self.device.type == "cuda" else None
+        if done is not None:
+            done.record()
+        if self.queued is not None:
+            self.account(*self.queued)
+        self.queued = (read, done)
+
+    def account(self, read: Tensor, done) -> None:
+        """A round's accepted lengths (the round's one read) into the images' stats and their uniforms' count."""
+        if done is not None:
+            done.synchronize()
+        G, N = self.drafting.gamma, self.N
+        for im, a_i in zip(self.images, read.tolist()):
             if im.n >= N:
-                used.append(0)
                 continue
-            a_i, g = a[im.index], min(G, N - im.n)
+            g = min(G, N - im.n)
             im.stats.target_forwards += 1
             im.stats.drafter_forwards += g
             im.stats.accepted_per_step.append(a_i)
             im.stats.tree_depth.append(g)
-            done = im.n + a_i == N
-            used.append(g + min(a_i + 1, g) + (not done))
+            self.used[im.index] += g + min(a_i + 1, g) + (im.n + a_i < N)
             im.n = min(im.n + a_i + 1, N)
-        if uniforms is not None:
-            uniforms.used(used)
 
     def finish(self, images: list, timer: StepTimer):
-        self.buf = self.buf.clone()  # the kept buffer is the next batch's
+        """The last queued round read (padding, or the last round if the loop ended elsewhere), each generator
+        advanced by the uniforms its image used, and the tokens copied out of the kept buffer."""
+        if self.queued is not None:
+            self.account(*self.queued)
+        if self.stream is not None:
+            for g, state, used in zip((im.generator for im in self.images), self.states, self.used):
+                g.set_state(state)
+                torch.rand(used, generator=g, dtype=torch.float64)
+        self.buf = self.buf.clone()
         return super().finish(images, timer)
