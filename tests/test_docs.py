@@ -239,7 +239,8 @@ def test_the_layout_list_matches_the_tree():
 
 
 def test_the_layout_check_sees_a_missing_module():
-    text = "## Layout\n\n- `errors.py`, `io.py`.\n- `engine/`: `model.py`, `vq.py`.\n- `worlds/`: `toy/` (`data.py`)\n## Next\n"
+    text = ("## Layout\n\n- `errors.py`, `io.py`.\n- `engine/`: `model.py`, `vq.py`.\n"
+            "- `worlds/`: `toy/` (`data.py`)\n## Next\n")
     assert layout_modules(text) == {"errors.py", "io.py", "engine/__init__.py", "engine/model.py", "engine/vq.py",
                                     "worlds/__init__.py", "worlds/toy/__init__.py", "worlds/toy/data.py"}
 

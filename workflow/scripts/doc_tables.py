@@ -59,7 +59,8 @@ def models_table(models: Path = MODELS) -> str:
             reads = f"h_t + layers {', '.join(map(str, d['layers']))}" if d["layers"] else "h_t"
             second = f", second step {d['accept_2']:.3f}" if d["accept_2"] is not None and d["unroll"] > 1 else ""
             rows.append(f"| {world} | drafter, reads {reads}, unroll {d['unroll']} | {d['params'] / 1e6:.3f}M | "
-                        f"{d['epochs']} epochs over {d['n_train']} own samples | acceptance {d['accept']:.3f}{second} |")
+                        f"{d['epochs']} epochs over {d['n_train']} own samples | "
+                        f"acceptance {d['accept']:.3f}{second} |")
         if (folder / "classifier.json").is_file():
             c = _json(folder / "classifier.json")["metrics"]
             rows.append(f"| {world} | classifier | {c['num_params'] / 1e6:.3f}M | {c['n_train']} images, "
