@@ -16,7 +16,12 @@ import pytest
 from lantern.pipeline.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+# docs/gpu.md is being rewritten apart from the other pages (issue 54); it joins the length and history checks
+# once it states the present
+NOT_YET_CUT = {"gpu.md"}
+MAX_LINES = 200
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE = re.compile(r"`([^`\n]+)`")
@@ -74,15 +79,38 @@ def command_problem(code: str, commands, targets) -> str | None:
     return None
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading's anchor of a page (outside code blocks); a repeated heading gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            seen.setdefault(f"{base}-{n}" if n else base, 1)
+    return set(seen)
+
+
 def link_problems(text: str, where: Path) -> list[str]:
     problems = []
     for number, line in enumerate(text.splitlines(), 1):
         for target in LINK.findall(line) + HTML_SRC.findall(line):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-                continue  # a web address or an anchor on the same page
-            path = target.split("#", 1)[0]
-            if not (where.parent / path).exists():
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            file = where if not path else where.parent / path
+            if not file.exists():
                 problems.append(f"{where.name}:{number}: link {target!r} points at no file")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+                problems.append(f"{where.name}:{number}: link {target!r} names no heading of {file.name}")
     return problems
 
 
@@ -155,3 +183,77 @@ def test_a_misspelt_make_target_and_a_broken_link_are_reported():
     assert "`make runn`" in problems[0]
     assert "docs/img/nothing-here.png" in problems[1]
     assert doc_problems("`make run CORES=2 && lantern methods | less`", ROOT / "README.md") == []
+
+
+def test_a_link_to_a_missing_heading_is_reported():
+    assert anchors("# A page\n## How to add ...\n## The default: δ 0.1, k 3\n## Notes\n## Notes\n") == {
+        "a-page", "how-to-add-", "the-default-δ-01-k-3", "notes", "notes-1"}
+    ok = "see [there](docs/development.md#how-to-add-) and [here](#two-commands)"
+    assert doc_problems(ok, ROOT / "README.md") == []
+    problems = doc_problems("[gone](docs/toy-world.md#the-default-since-769fd08)", ROOT / "README.md")
+    assert len(problems) == 1 and "names no heading of toy-world.md" in problems[0]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name not in NOT_YET_CUT], ids=lambda p: p.name)
+def test_a_page_of_docs_states_the_present_briefly(page):
+    """At most MAX_LINES lines, and no commit named: which run or commit found what belongs in CHANGELOG.md."""
+    text = page.read_text()
+    assert len(text.splitlines()) <= MAX_LINES, f"{page.name}: {len(text.splitlines())} lines"
+    commits = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
+    assert commits == [], f"{page.name} names commits {commits}: move that history to CHANGELOG.md"
+
+
+def test_the_changelog_has_dated_entries_newest_first():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    dates = re.findall(r"^## (\d{4}-\d{2}-\d{2})$", text, flags=re.M)
+    assert len(dates) >= 5 and dates == sorted(dates, reverse=True)
+
+
+def layout_modules(text: str) -> set[str]:
+    """The modules docs/development.md's layout list names, as paths under src/lantern/: a bullet names a package
+    (`engine/`) or top-level modules, and every `name.py` in it (or under a sub-package it names, `toy/`) is one."""
+    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    found = set()
+    for bullet in re.split(r"\n- ", section)[1:]:
+        spans = re.findall(r"`([^`]+)`", bullet)
+        package = spans[0] if spans and spans[0].endswith("/") and spans[0].count("/") == 1 else ""
+        sub = ""
+        if package:
+            found.add(f"{package}__init__.py")  # a package named is its __init__.py
+        for span in spans:
+            if span.endswith("/") and package and span != package and span.count("/") == 1:
+                sub = span  # a sub-package of the bullet's package: its modules follow
+                found.add(f"{package}{sub}__init__.py")
+            elif re.fullmatch(r"[a-z_]+\.py", span):
+                found.add(f"{package}{sub}{span}")
+    return found
+
+
+def test_the_layout_list_matches_the_tree():
+    """Every module under src/lantern is in docs/development.md's layout list, and every one listed exists."""
+    src = ROOT / "src" / "lantern"
+    tree = {str(p.relative_to(src)) for p in src.rglob("*.py") if "__pycache__" not in p.parts}
+    listed = layout_modules((ROOT / "docs" / "development.md").read_text())
+    assert sorted(listed - tree) == [], "listed in docs/development.md's layout but not in src/lantern"
+    assert sorted(tree - listed) == [], "in src/lantern but not in docs/development.md's layout"
+
+
+def test_the_layout_check_sees_a_missing_module():
+    text = ("## Layout\n\n- `errors.py`, `io.py`.\n- `engine/`: `model.py`, `vq.py`.\n"
+            "- `worlds/`: `toy/` (`data.py`)\n## Next\n")
+    assert layout_modules(text) == {"errors.py", "io.py", "engine/__init__.py", "engine/model.py", "engine/vq.py",
+                                    "worlds/__init__.py", "worlds/toy/__init__.py", "worlds/toy/data.py"}
+
+
+def test_generated_tables_match_their_records():
+    """Each page's generated tables equal what workflow/scripts/doc_tables.py writes from the committed records."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "workflow" / "scripts" / "doc_tables.py")
+    doc_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_tables)
+    for page, tables in doc_tables.TABLES.items():
+        on_page = doc_tables.blocks((ROOT / "docs" / page).read_text())
+        for name, make in tables.items():
+            assert on_page.get(name) == make(), (
+                f"docs/{page}'s table {name} differs from its records: run python workflow/scripts/doc_tables.py")

@@ -1,6 +1,7 @@
 """workflow/scripts/readme_figures.py (`make readme-figures`): small PNGs for the README, traced to their run."""
 
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -56,3 +57,18 @@ def test_a_missing_run_writes_nothing(tmp_path):
     with pytest.raises(UserError, match="samples_sampling.png missing; run `make run` first"):
         readme_figures.main([str(results), str(tmp_path / "img")])
     assert not (tmp_path / "img").exists()
+
+
+def test_the_palette_keeps_every_family_colour():
+    """A figure with more colours than a palette holds (anti-aliased edges, bands) keeps each family's colour exact
+    when shrunk to 256 colours: a median cut alone gave LANTERN and Cool-SD one colour."""
+    from lantern.figures.style import FAMILY_COLORS, OTHER_COLORS
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (200, 300, 3), dtype=np.uint8)  # every colour a palette could be spent on
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in [*FAMILY_COLORS.values(), *OTHER_COLORS]]
+    for j, c in enumerate(rgb):
+        image[10 * j:10 * j + 4, :4] = c  # a marker's few pixels
+    shrunk = np.asarray(Image.open(io.BytesIO(readme_figures.png_bytes(Image.fromarray(image), palette=True)))
+                        .convert("RGB"))
+    assert [tuple(shrunk[10 * j + 1, 1]) for j in range(len(rgb))] == rgb

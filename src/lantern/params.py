@@ -40,6 +40,27 @@ def check_threads(threads: int, what: str) -> None:
         raise UserError(f"{what} threads={threads} must be >= 0 (0: torch's default)")
 
 
+# The thread protocol of the trainers whose params carry `threads` (classifier, CLIP, drafter): --threads overrides
+# the params' count, and the count torch then runs is what the params record, since a CPU run's rounding depends on it.
+def add_threads_arg(ap) -> None:
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (0: torch's default); overrides the params' threads")
+
+
+def with_threads(p, threads: int | None):
+    """`p` with --threads in place of its own count (its dataclass checks the value again)."""
+    return p if threads is None else dataclasses.replace(p, threads=threads)
+
+
+def use_threads(p):
+    """Set torch's thread count from `p` (0 keeps torch's default); `p` recording the count torch runs."""
+    import torch  # here, not at the top: the config check imports this module and stays torch-free
+
+    if p.threads > 0:
+        torch.set_num_threads(p.threads)
+    return dataclasses.replace(p, threads=torch.get_num_threads())
+
+
 def check_layer_indices(layers) -> tuple[int, ...]:
     """A drafter's feature_layers (DrafterParams, DrafterOptions) as a tuple: increasing layer indices >= 0."""
     if (not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)

@@ -35,20 +35,17 @@ rule proximity:
         " --strip {output.strip:q} {params.classifier} --device {params.device} --threads {params.threads} > {log:q} 2>&1"
 
 
-# A toy world other than the default has its own VQ, hence its own table (the sweep's is the default VQ's).
-rule proximity_neighbours:
+# A toy world other than the default has its own VQ, hence its own table (the sweep's is the default VQ's): the
+# neighbours rule (drafter.smk) on that world's VQ.
+use rule neighbours as proximity_neighbours with:
     input:
         vq=lambda w: toy_model(w.world, "vq"),
     output:
         f"{OUT}/toy/{{world}}/neighbours/{{metric}}_K{{max_k}}.pt",
     log:
         f"{OUT}/logs/proximity/neighbours_{{world}}_{{metric}}_K{{max_k}}.log",
-    params:
-        p=lambda w: as_arg({"metric": w.metric, "k": int(w.max_k)}),
-    conda:
-        "../../environment.yml"
-    shell:
-        "lantern neighbours --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
+    benchmark:
+        f"{OUT}/benchmarks/proximity/neighbours_{{world}}_{{metric}}_K{{max_k}}.tsv"
 
 
 rule figure_proximity:

@@ -20,6 +20,7 @@ import pandas as pd
 from PIL import Image
 
 from lantern.errors import UserError
+from lantern.figures.style import FAMILY_COLORS, OTHER_COLORS
 from lantern.io import atomic_path, sha256_file, write_json
 
 # README name -> figure under <results>/figures/
@@ -29,9 +30,25 @@ MAX_WIDTH = 1400
 MIN_WIDTH = 200  # narrower than this, a README figure is unreadable: refuse instead
 
 
+# Colours the palette keeps exactly: a median cut alone merged LANTERN's and Cool-SD's (and moved the rest), so
+# the README's trade-off figure could not tell families apart
+KEEP = ["#ffffff", "#000000", *FAMILY_COLORS.values(), *OTHER_COLORS]
+
+
+def palette_of(im: Image.Image) -> Image.Image:
+    """A 256-colour palette: the figures' colours exactly, the median cut of the image for the rest."""
+    keep = [int(c[i:i + 2], 16) for c in dict.fromkeys(c.lower() for c in KEEP) for i in (1, 3, 5)]
+    n = 256 - len(keep) // 3
+    rest = im.quantize(colors=n, method=Image.Quantize.MEDIANCUT).getpalette()[:3 * n]
+    pal = Image.new("P", (1, 1))
+    pal.putpalette(keep + rest + [0] * (768 - len(keep) - len(rest)))
+    return pal
+
+
 def png_bytes(im: Image.Image, palette: bool) -> bytes:
     if palette:
-        im = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+        rgb = im.convert("RGB")
+        im = rgb.quantize(palette=palette_of(rgb), dither=Image.Dither.NONE)
     buf = io.BytesIO()
     im.save(buf, format="PNG", optimize=True)
     return buf.getvalue()

@@ -21,7 +21,9 @@ from lantern.metrics.proximity import RANDOM
 
 COLUMNS = ["world", "fraction", "m", "fd", "fd_noise_halves", "feature_cosine", "psnr", "extractor", "strip_fraction"]
 LABELLED = re.compile(r"^(\w[\w-]*)=(.+)$")
-RANK_COLORS = ["#0072B2", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#D55E00"]
+# ranks on an ordered map, nearest darkest to farthest lightest: a fixed colour list wrapped (m = 1 and m = 200
+# shared one colour); viridis stops short of its yellow end, which is faint on white
+RANK_MAP, RANK_SPAN = "viridis", 0.9
 FEATURES = {"toyclip": "toy-CLIP features", "clip": "CLIP features", "inception-v3-compat": "Inception-v3 features"}
 
 
@@ -60,23 +62,39 @@ def read_strips(entries: list[str]) -> dict[str, np.ndarray]:
     return strips
 
 
-def rank_label(m: str) -> str:
+def _ordered(ranks: list[str]) -> list[str]:
+    return sorted((m for m in ranks if m != RANDOM), key=int)
+
+
+def rank_label(m: str, ranks: list[str] = ()) -> str:
+    """The legend's name of rank m; with the world's ranks, the farthest measured one says so."""
     if m == RANDOM:
         return "random code (control)"
-    return {"0": "m = 0 (the token itself)", "1": "m = 1 (nearest)"}.get(m, f"m = {m}")
+    if m == "0":
+        return "m = 0 (the token itself)"
+    ordered = _ordered(ranks)
+    if m == "1" or (ordered and m == ordered[0]):
+        return f"m = {m} (nearest)"
+    return f"m = {m} (farthest)" if len(ordered) > 1 and m == ordered[-1] else f"m = {m}"
 
 
 def _style(m: str, ranks: list[str]) -> dict:
     if m == RANDOM:
         return dict(color="#555555", linestyle="--", marker="x")
-    return dict(color=RANK_COLORS[[r for r in ranks if r != RANDOM].index(m) % len(RANK_COLORS)], marker="o")
+    ordered = _ordered(ranks)
+    at = ordered.index(m) / max(len(ordered) - 1, 1)
+    # the two ends also differ in marker, so nearest and farthest read apart in grey print too
+    mark = "v" if at == 0 and len(ordered) > 1 else "^" if at == 1 else "o"
+    return dict(color=plt.get_cmap(RANK_MAP)(RANK_SPAN * at), marker=mark)
 
 
 def _strip(ax, image: np.ndarray, ranks: list[str], fraction: float) -> None:
+    """ranks in the CSV's order: the strip's rows follow the config's ranks, as the CSV's rows do."""
     ax.imshow(image, interpolation="nearest")
     rows = 1 + len(ranks)
     step = (image.shape[0] - 2) / rows  # make_grid: a 2-pixel border around every image
-    ax.set_yticks([2 + r * step + (step - 2) / 2 for r in range(rows)], ["original"] + [rank_label(m) for m in ranks])
+    ax.set_yticks([2 + r * step + (step - 2) / 2 for r in range(rows)],
+                  ["original"] + [rank_label(m, ranks) for m in ranks])
     ax.set_xticks([])
     ax.grid(False)
     ax.set_title(f"decodes, {fraction:.0%} of the tokens replaced")
@@ -94,12 +112,14 @@ def plot(inputs, p: Params):
                              layout="constrained", width_ratios=[1, 1, 1, 1.5][:cols])
     for r, world in enumerate(worlds):
         part = df[df["world"] == world]
-        ranks = list(dict.fromkeys(part["m"]))
+        # nearest first, the random control last: the legend reads in the colour map's order
+        found = list(dict.fromkeys(part["m"]))
+        ranks = _ordered(found) + [m for m in found if m == RANDOM]
         noise = float(part["fd_noise_halves"].iloc[0])
         ax_fd, ax_cos, ax_psnr = axes[r, :3]
         for m in ranks:
             line = part[part["m"] == m].sort_values("fraction")
-            style = dict(label=rank_label(m), **_style(m, ranks))
+            style = dict(label=rank_label(m, ranks), **_style(m, ranks))
             # fraction 0 is the null check, 0 up to float rounding: off a log axis
             fd = line[line["fraction"] > 0] if p.log_fd else line
             ax_fd.plot(fd["fraction"], fd["fd"], **style)
@@ -124,7 +144,7 @@ def plot(inputs, p: Params):
         ax_cos.legend(*ax_fd.get_legend_handles_labels(), loc="lower left")  # the cosine panel has room
         if strips:
             if world in strips:
-                _strip(axes[r, 3], strips[world], ranks, float(part["strip_fraction"].iloc[0]))
+                _strip(axes[r, 3], strips[world], found, float(part["strip_fraction"].iloc[0]))
             else:
                 axes[r, 3].set_axis_off()
     fig.suptitle("Latent proximity: tokens replaced by their m-th nearest codebook neighbour vs random codes")

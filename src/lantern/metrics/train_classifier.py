@@ -24,7 +24,7 @@ from lantern.errors import UserError
 from lantern.hparams import ClassifierParams
 from lantern.io import read_structured, write_json
 from lantern.metrics.classifier import ToyClassifier, load_classifier, predict, save_classifier
-from lantern.params import params_from
+from lantern.params import add_threads_arg, params_from, use_threads, with_threads
 from lantern.worlds.toy.data import load_data, reconstruct
 
 
@@ -76,14 +76,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="output <name>.pt; <name>.json beside it")
     ap.add_argument("--params", default=None, help="ClassifierParams as inline JSON/YAML or a file path")
     ap.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
+    add_threads_arg(ap)
     a = ap.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {a.device}: no CUDA device here; use --device cpu or auto")
     p = params_from(read_structured(a.params), ClassifierParams)
-    if a.threads is not None:
-        p = dataclasses.replace(p, threads=a.threads)
+    p = with_threads(p, a.threads)
     out = Path(a.out)
     if out.suffix != ".pt":
         raise UserError(f"--out must end in .pt (the record goes to the .json beside it), got {out}")
@@ -100,9 +99,7 @@ def main(argv: list[str]) -> None:
         from lantern.engine.vq import load_vq
 
         vq = load_vq(a.vq).to(device)
-    if p.threads > 0:
-        torch.set_num_threads(p.threads)
-    p = dataclasses.replace(p, threads=torch.get_num_threads())  # recorded: CPU rounding depends on it
+    p = use_threads(p)
     torch.manual_seed(p.seed)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     images, labels = images.to(device), labels.to(device)

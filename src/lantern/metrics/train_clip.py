@@ -27,7 +27,7 @@ from lantern.errors import UserError
 from lantern.hparams import TrainClipParams
 from lantern.io import atomic_path, read_structured, save_torch, write_json
 from lantern.metrics.clip import Preprocess, class_caption, config_path, load_clip
-from lantern.params import params_from
+from lantern.params import add_threads_arg, params_from, use_threads, with_threads
 
 
 def model_config(p: TrainClipParams, image_size: int) -> dict:
@@ -129,11 +129,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--vq", default=None, help="VQ checkpoint: also train on the VQ reconstructions of the images")
     ap.add_argument("--out", required=True, help="output weights <name>.pt; <name>.json and <name>.metrics.json beside")
     ap.add_argument("--params", default=None, help="TrainClipParams as inline JSON/YAML or a file path")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
+    add_threads_arg(ap)
     a = ap.parse_args(argv)
     p = params_from(read_structured(a.params), TrainClipParams)
-    if a.threads is not None:
-        p = dataclasses.replace(p, threads=a.threads)
+    p = with_threads(p, a.threads)
     out = Path(a.out)
     if out.suffix != ".pt":
         raise UserError(f"--out must end in .pt (the config goes to the .json beside it), got {out}")
@@ -147,9 +146,7 @@ def main(argv: list[str]) -> None:
         from lantern.engine.vq import load_vq
 
         vq = load_vq(a.vq)
-    if p.threads > 0:
-        torch.set_num_threads(p.threads)
-    p = dataclasses.replace(p, threads=torch.get_num_threads())  # recorded: CPU rounding depends on it
+    p = use_threads(p)
     torch.manual_seed(p.seed)
     cfg = model_config(p, images.shape[-1])
     n_train = len(images) - p.n_val

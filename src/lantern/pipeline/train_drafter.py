@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from lantern.errors import UserError
 from lantern.hparams import DrafterParams
-from lantern.params import check_feature_layers, params_from
+from lantern.params import add_threads_arg, check_feature_layers, params_from, use_threads, with_threads
 from lantern.io import load_torch, read_resume, read_structured, save_torch
 from lantern.engine.model import GPT, causal_mask
 
@@ -398,19 +398,15 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="drafter checkpoint")
     ap.add_argument("--params", default=None, help="DrafterParams (JSON/YAML or file)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (0: torch's default); overrides the params' threads")
+    add_threads_arg(ap)
     ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter's weights are fp32 "
                     "(on CUDA its forward runs under bf16 autocast)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), DrafterParams)
-    if a.threads is not None:
-        params = dataclasses.replace(params, threads=a.threads)
+    params = with_threads(params, a.threads)
     if params.data != "self" and not a.tokens:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
-    if params.threads > 0:
-        torch.set_num_threads(params.threads)
-    # the count used, recorded with the drafter's params: rounding of a CPU training run depends on it
-    params = dataclasses.replace(params, threads=torch.get_num_threads())
+    params = use_threads(params)
     spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     device = parse_device(a.device)
     configure_determinism(device)  # CUDA: deterministic kernels, so a resumed run ends where an uninterrupted one does
