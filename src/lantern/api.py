@@ -39,7 +39,7 @@ class World:
     world its `class_names`."""
 
     def __init__(self, name: str, target: nn.Module, vq: nn.Module, drafter: nn.Module | None = None,
-                 neighbours: Tensor | None = None, max_k: int = NEIGHBOURS_MAX_K, metric: str = NEIGHBOURS_METRIC,
+                 neighbours: Tensor | None = None, max_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
                  class_names: Sequence[str] | None = None, t5: tuple | None = None):
         self.name, self.target, self.vq, self.drafter = name, target, vq, drafter
         self.device = target.output.weight.device
@@ -48,7 +48,9 @@ class World:
         codes = vq.quantize.embedding.weight.shape[0]
         if neighbours is not None:
             max_k = neighbours.shape[1]
-        elif not 1 <= max_k <= codes - 1:
+        elif max_k is None:  # the config's default, or every other code of a smaller codebook
+            max_k = min(NEIGHBOURS_MAX_K, codes - 1)
+        elif isinstance(max_k, bool) or not isinstance(max_k, int) or not 1 <= max_k <= codes - 1:
             raise UserError(f"neighbours_k = {max_k} must be between 1 and {codes - 1} (the other codes of the "
                             f"{codes}-code VQ codebook); lower it")
         self.max_k = max_k
@@ -133,10 +135,11 @@ def _placement(device: str, dtype: str) -> torch.device:
     return where
 
 
-def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", neighbours_k: int = NEIGHBOURS_MAX_K):
+def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", neighbours_k: int | None = None):
     """The shipped toy world (models/toy/default: its target, VQ and drafter, the models `make run` uses), on
     `device` (auto: CUDA when available) in `dtype` (fp32, bf16, fp16). Its neighbour table is built from the VQ
-    codebook on first use, with `neighbours_k` columns (the config's neighbours.max_k, 200). Returns a `World`."""
+    codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). Returns a
+    `World`."""
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import load_drafter
     from lantern.engine.vq import load_vq
@@ -262,7 +265,7 @@ def _file(path, key: str) -> str:
 
 
 def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_drafter: str | None = None,
-                  neighbours: str | None = None, neighbours_k: int = NEIGHBOURS_MAX_K, metric: str = NEIGHBOURS_METRIC,
+                  neighbours: str | None = None, neighbours_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
                   model_type: str | None = None, gpt_size=None, num_classes: int | None = None,
                   image_size: int | None = None, downsample: int = 16, cls_token_num: int | None = None,
                   t5: str | None = None, device: str = "auto", dtype: str = "fp32"):
@@ -273,7 +276,7 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     or object (upstream's `VQModel`). drafter_ckpt: a drafter of this project (`lantern train-drafter`, `lantern
     convert`); authors_drafter: the LANTERN authors' drafter folder (config.json + weights), converted in memory.
     neighbours: a table from `lantern neighbours` (else built from the codebook on first use, `neighbours_k`
-    columns, `metric` l2 or cosine). model_type, gpt_size, num_classes, image_size / downsample, cls_token_num: the
+    columns, default 200 or every other code of a smaller codebook; `metric` l2 or cosine). model_type, gpt_size, num_classes, image_size / downsample, cls_token_num: the
     target spec, checked against the weights (an upstream file carries no config). t5: a local flan-t5 folder, for
     t2i prompts given as text. Returns a `World`.
     """
