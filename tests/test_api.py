@@ -15,38 +15,18 @@ from PIL import Image
 from torch import nn
 
 import lantern
-from lantern.engine.vq import VQArgs, VQModel
+from lantern.engine.vq import VQModel
 from lantern.errors import UserError
 from lantern.pipeline import cli
 from tiny import one_thread  # noqa: F401 (fixture)
-from upstream_llamagen import ModelArgs, Transformer, generate as upstream_generate
+from tiny_llamagen import TINY_VQ, tiny_vq, upstream_gpt
+from upstream_llamagen import generate as upstream_generate
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy" / "default"
-TINY_VQ = VQArgs(codebook_size=64, codebook_embed_dim=4, ch=8, ch_mult=(1, 1), z_channels=8, enc_res_blocks=1,
-                 dec_res_blocks=1, norm_groups=4)
-
-
 @pytest.fixture(scope="module")
 def toy(one_thread):  # noqa: F811 (fixture)
     return lantern.load_world("toy", device="cpu")
-
-
-def upstream_gpt(seed: int = 0, **kw) -> Transformer:
-    """A small upstream-style c2i GPT with random weights (std 0.3: upstream's own init zeroes the output layer,
-    which would make every logit equal)."""
-    torch.manual_seed(seed)
-    model = Transformer(ModelArgs(**{**dict(dim=64, n_layer=2, n_head=2, vocab_size=64, num_classes=4, block_size=16,
-                                            multiple_of=32), **kw})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model
-
-
-def tiny_vq() -> VQModel:
-    torch.manual_seed(1)
-    return VQModel(TINY_VQ).eval()
 
 
 def one_line(fn) -> str:

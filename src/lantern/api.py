@@ -449,7 +449,7 @@ def _decoder(world: World, spec: dict, params, compile: bool):
 
 
 def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: int = 0, first_index: int = 0,
-             mode: str = "sampling", sampling: dict | None = None, batch_size: int = 8, compile: bool | str = "auto",
+             mode: str = "sampling", sampling: dict | None = None, batch_size: int = 1, compile: bool | str = "auto",
              warmup: bool = False, progress: bool = False, **params: Any) -> Images:
     """Generate one image per condition with `method` and return them with their tokens and stats (`Images`).
 
@@ -458,7 +458,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     (`lantern.methods()`) with its parameters as keywords (delta=0.1, k=3, drafting="chain", gamma=4, ...), or a
     whole spec dict as in the config. Image i (first_index + position) draws from the generator seeded from
     (seed, i), in batches of `batch_size` aligned to the image index, exactly as `lantern sample --seed --start
-    --batch-size`, so two methods given one seed share each image's random stream. mode: sampling, or greedy
+    --batch-size`, so two methods given one seed share each image's random stream (batch 1, the default, times
+    each image alone: the paper's latency; larger batches give throughput). mode: sampling, or greedy
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
     temperature, top_k, top_p (defaults: the default run's, CFG 2). compile: torch.compile the verify / decode
     step (auto: on CUDA). warmup: first decode one image untimed (one-time costs stay out of the times).
