@@ -15,11 +15,10 @@ from PIL import Image
 from torch import nn
 
 import lantern
-from lantern.engine.vq import VQModel
 from lantern.errors import UserError
 from lantern.pipeline import cli
 from tiny import one_thread  # noqa: F401 (fixture)
-from tiny_llamagen import TINY_VQ, tiny_vq, upstream_gpt
+from tiny_llamagen import TINY_VQ, UpstreamVQ, tiny_vq, upstream_gpt
 from upstream_llamagen import generate as upstream_generate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,16 +141,6 @@ def test_two_methods_share_seeds_and_names_match_ids(toy):
     assert by_name.tau == 1.0 and len(by_name.images) == 2 and by_name.grid(columns=2).size == (64, 32)
     again = lantern.generate(toy, ["ring"], seed=3, first_index=0)
     assert torch.equal(again.tokens[0], by_name.tokens[0])
-
-
-class UpstreamVQ(nn.Module):
-    """An object lantern does not know holding upstream VQModel's attribute layout (encoder, decoder, quantize,
-    quant_conv, post_quant_conv): lantern must read its config from its tensors."""
-
-    def __init__(self, vq: VQModel):
-        super().__init__()
-        self.encoder, self.decoder, self.quantize = vq.encoder, vq.decoder, vq.quantize
-        self.quant_conv, self.post_quant_conv = vq.quant_conv, vq.post_quant_conv
 
 
 @torch.no_grad()

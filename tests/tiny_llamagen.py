@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lantern.engine.vq import VQArgs, VQModel
 from upstream_llamagen import ModelArgs, Transformer
@@ -50,4 +51,47 @@ def write_files(root: Path) -> dict[str, str]:
     save_drafter(root / "drafter_tiny.pt", Drafter.from_target(target))
     write_authors_drafter(root / "authors_drafter", str(root / "c2i_tiny.pt"))
     return {"gpt_ckpt": str(root / "c2i_tiny.pt"), "vq_ckpt": str(root / "vq_tiny.pt"),
+            "drafter_ckpt": str(root / "drafter_tiny.pt"), "authors_drafter": str(root / "authors_drafter")}
+
+
+class UpstreamVQ(nn.Module):
+    """An object lantern does not know with upstream VQModel's attribute layout (encoder, decoder, quantize,
+    quant_conv, post_quant_conv), holding a VQ's modules: lantern must read its config from its tensors."""
+
+    def __init__(self, vq: VQModel):
+        super().__init__()
+        self.encoder, self.decoder, self.quantize = vq.encoder, vq.decoder, vq.quantize
+        self.quant_conv, self.post_quant_conv = vq.quant_conv, vq.post_quant_conv
+
+
+def released_like_gpt() -> Transformer:
+    """An upstream-style GPT of the released c2i files' vocabulary, classes and token grid (16384 codes, 1000
+    classes and the null row, 16 x 16 tokens, feed-forward rounded to 256) at the small width SIZE."""
+    return upstream_gpt(seed=3, vocab_size=16384, num_classes=1000, block_size=256, multiple_of=256)
+
+
+def released_like_vq() -> VQModel:
+    """The VQ-16 layout (five levels, codebook 16384 x 8) at small channel widths (tests/llamagen_world.py's)."""
+    from llamagen_world import VQ_ARGS
+
+    torch.manual_seed(4)
+    return VQModel(VQ_ARGS).eval()
+
+
+def write_released_like(root: Path) -> dict[str, str]:
+    """Stand-ins for the released files docs/python.md names: the GPT as upstream ships it ({"model": state_dict},
+    no config), the VQ (its small widths as an `args` entry), a drafter of this project for the GPT, and the
+    LANTERN authors' drafter layout."""
+    from lantern.engine.checkpoint import load_gpt, save_checkpoint
+    from lantern.engine.drafter import Drafter, save_drafter
+    from llamagen_world import VQ_ARGS, write_authors_drafter
+
+    root.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": released_like_gpt().state_dict()}, root / "c2i_tiny_256.pt")
+    save_checkpoint(root / "vq_ds16_tiny.pt", released_like_vq(), args=dataclasses.asdict(VQ_ARGS))
+    target = load_gpt(root / "c2i_tiny_256.pt", spec={"gpt_size": SIZE})
+    torch.manual_seed(5)
+    save_drafter(root / "drafter_tiny.pt", Drafter.from_target(target))
+    write_authors_drafter(root / "authors_drafter", str(root / "c2i_tiny_256.pt"))
+    return {"gpt_ckpt": str(root / "c2i_tiny_256.pt"), "vq_ckpt": str(root / "vq_ds16_tiny.pt"),
             "drafter_ckpt": str(root / "drafter_tiny.pt"), "authors_drafter": str(root / "authors_drafter")}

@@ -173,12 +173,14 @@ class Transformer(nn.Module):
         self.causal_mask = torch.tril(torch.ones(length, length, dtype=torch.bool))[None].repeat(max_batch_size, 1, 1)
 
     def forward(self, idx, cond_idx, input_pos=None):
-        """input_pos None: one pass over [condition, idx] (the training path), logits at every position; else the
-        cached inference path: a prefill (idx None) or one token (cond_idx None) at `input_pos`."""
+        """Both idx and cond_idx: one causal pass over [condition, idx] (training; upstream's eval mode needs
+        input_pos = arange(length) here), logits at every position. Else the cached inference path: a prefill (idx
+        None) or one token (cond_idx None) at `input_pos`."""
         T = self.cls_token_num
-        if input_pos is None:
+        if idx is not None and cond_idx is not None:
             h = torch.cat([self.cls_embedding(cond_idx)[:, :T], self.tok_embeddings(idx)], dim=1)
-            table, mask = self.freqs_cis[: h.shape[1]], None
+            table = self.freqs_cis[: h.shape[1]] if input_pos is None else self.freqs_cis[input_pos]
+            mask = None
         else:
             h = self.cls_embedding(cond_idx)[:, :T] if cond_idx is not None else self.tok_embeddings(idx)
             table, mask = self.freqs_cis[input_pos], self.causal_mask[: h.shape[0], None, input_pos]
