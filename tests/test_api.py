@@ -164,3 +164,20 @@ def test_an_upstream_transformer_object_gives_its_own_logits_and_greedy_tokens(o
     assert torch.equal(jacobi.tokens, want) and jacobi.tau > 1
     assert np.array_equal(greedy.pixels[0], world.vq.decode_code(want[:1]).add(1).mul(127.5).clamp(0, 255).round()
                           .to(torch.uint8).permute(0, 2, 3, 1)[0].numpy())
+
+
+@torch.no_grad()
+def test_the_authors_hf_target_folder_converts_in_memory(tmp_path, one_thread):  # noqa: F811
+    from test_convert import hf_config, upstream_to_hf, write_hf_folder
+
+    model = upstream_gpt(seed=4)
+    ours = lantern.load_llamagen(gpt_ckpt=model, vq_ckpt=tiny_vq(), device="cpu").target
+    folder = write_hf_folder(tmp_path / "hf", upstream_to_hf(dict(ours.state_dict())), hf_config(ours))
+    world = lantern.load_llamagen(gpt_ckpt=folder, vq_ckpt=tiny_vq(), device="cpu")
+    cond, tokens = torch.arange(4), torch.randint(0, 64, (4, 15), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(world.target(cond, tokens)[0], model(tokens, cond)[0])
+    assert "llamagen.num_classes = 9" in one_line(lambda: lantern.load_llamagen(
+        gpt_ckpt=folder, vq_ckpt=tiny_vq(), num_classes=9, device="cpu"))
+    (tmp_path / "empty").mkdir()
+    assert "is a folder without config.json" in one_line(lambda: lantern.load_llamagen(
+        gpt_ckpt=tmp_path / "empty", vq_ckpt=tiny_vq(), device="cpu"))

@@ -187,6 +187,8 @@ def _gpt(source, spec: dict, dtype: str, where: torch.device):
     from lantern.engine.checkpoint import load_gpt, load_weights, no_init, parse_spec, target_args
     from lantern.engine.model import GPT
 
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+        return _authors_gpt(Path(source), spec, dtype, where)
     if not isinstance(source, nn.Module):
         return load_gpt(_file(source, "gpt_ckpt"), spec=spec or None, dtype=dtype, device=str(where))
     what = f"gpt_ckpt (a {type(source).__name__} object)"
@@ -207,6 +209,36 @@ def _gpt(source, spec: dict, dtype: str, where: torch.device):
     load_weights(model, {k: v.detach() for k, v in sd.items()}, what)
     from lantern.engine.checkpoint import parse_dtype
 
+    return model.to(device=where, dtype=parse_dtype(dtype)).eval()
+
+
+def _authors_gpt(folder: Path, spec: dict, dtype: str, where: torch.device):
+    """The LANTERN authors' HF-format target folder (config.json + weights), converted in memory as `lantern convert
+    --kind target` converts it: their keys renamed to upstream's, config.json's spec under the user's, its norm eps
+    and RoPE base kept."""
+    from dataclasses import replace
+
+    from lantern.engine.checkpoint import load_weights, no_init, parse_dtype, parse_spec, target_args
+    from lantern.engine.model import GPT
+    from lantern.worlds.llamagen.convert import (check_stated_tokens, check_target, config_numerics, config_spec,
+                                                 read_hf, target_state_dict)
+
+    if not (folder / "config.json").is_file():
+        raise UserError(f"gpt_ckpt {folder} is a folder without config.json; give an upstream GPT file, or the "
+                        "authors' HF target folder (config.json + weights)")
+    try:  # the converter names its input --src
+        hf, config = read_hf(folder)
+        sd = target_state_dict(hf)
+        stated = config_spec(config, sd)
+        check_stated_tokens(stated, spec)
+        args = target_args({}, sd, parse_spec({**stated, **spec}), folder)  # the user's spec has the last word
+        check_target(sd, args)
+    except UserError as e:
+        raise UserError(f"gpt_ckpt (the authors' HF target): {e}") from None
+    args = replace(args, **config_numerics(config))
+    with no_init():
+        model = GPT(args)
+    load_weights(model, sd, folder)
     return model.to(device=where, dtype=parse_dtype(dtype)).eval()
 
 
@@ -271,8 +303,9 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
                   t5: str | None = None, device: str = "auto", dtype: str = "fp32"):
     """A LlamaGen world from files or from models already in memory; the names are the config's llamagen keys.
 
-    gpt_ckpt: an upstream GPT file (c2i_B_256.pt ...), a file of this project, or the GPT object itself (upstream's
-    `Transformer`, or a `lantern.engine.model.GPT`), mapped through the same checks as a file; vq_ckpt: the VQ file
+    gpt_ckpt: an upstream GPT file (c2i_B_256.pt ...), a file of this project, the LANTERN authors' HF-format target
+    folder (converted in memory), or the GPT object itself (upstream's `Transformer`, or a
+    `lantern.engine.model.GPT`), mapped through the same checks as a file; vq_ckpt: the VQ file
     or object (upstream's `VQModel`). drafter_ckpt: a drafter of this project (`lantern train-drafter`, `lantern
     convert`); authors_drafter: the LANTERN authors' drafter folder (config.json + weights), converted in memory.
     neighbours: a table from `lantern neighbours` (else built from the codebook on first use, `neighbours_k`
