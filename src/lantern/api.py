@@ -41,10 +41,14 @@ class World:
     def __init__(self, name: str, target: nn.Module, vq: nn.Module, drafter: nn.Module | None = None,
                  neighbours: Tensor | None = None, max_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
                  class_names: Sequence[str] | None = None, t5: tuple | None = None):
+        from lantern.engine.neighbours import NeighbourParams
+
+        NeighbourParams(metric=metric)  # l2 or cosine, with the config's message
         self.name, self.target, self.vq, self.drafter = name, target, vq, drafter
         self.device = target.output.weight.device
         self.class_names = tuple(class_names) if class_names else None
-        self.metric, self._table, self._t5 = metric, neighbours, t5
+        self.metric, self._t5 = metric, t5
+        self._table = None if neighbours is None else neighbours.to(self.device)
         codes = vq.quantize.embedding.weight.shape[0]
         if neighbours is not None:
             max_k = neighbours.shape[1]
@@ -70,8 +74,9 @@ class World:
         if self._table is None:
             from lantern.engine.neighbours import nearest_neighbours
 
-            self._table = nearest_neighbours(self.vq.quantize.embedding.weight.detach(), self.max_k, self.metric)
-        return self._table[:, :width].to(self.device)
+            codebook = self.vq.quantize.embedding.weight.detach()
+            self._table = nearest_neighbours(codebook, self.max_k, self.metric).to(self.device)
+        return self._table[:, :width]
 
     def __repr__(self) -> str:
         a = self.target.args
@@ -199,8 +204,16 @@ def _gpt(source, spec: dict, dtype: str, where: torch.device):
     if isinstance(source, GPT):
         args = target_args({"args": source.args.to_dict()}, sd, parse_spec(spec), what)
     else:
-        stated = {k: v for k, v in _upstream_spec(source).items() if v is not None}
-        args = target_args({}, sd, parse_spec({**stated, **spec}), what)
+        stated = parse_spec({k: v for k, v in _upstream_spec(source).items() if v is not None})
+        for key, value in parse_spec(spec).items():  # the object's own config has the last word: agree with it
+            theirs = stated.get(key)
+            if key == "gpt_size" and theirs is not None:  # a name or {dim, n_layer, n_head}: compare the numbers
+                same = all(value[k] == theirs[k] for k in ("dim", "n_layer", "n_head"))
+                value, theirs = value["text"], value["text"] if same else theirs["text"]
+            if theirs is not None and value != theirs:
+                raise UserError(f"{what} states {key} = {theirs} in its config, but llamagen.{key} = {value}; "
+                                f"leave {key} out (the object's config says it)")
+        args = target_args({}, sd, stated, what)
         config = getattr(source, "config", None)
         numerics = {k: float(getattr(config, k)) for k in ("norm_eps", "rope_base") if hasattr(config, k)}
         args = replace(args, **numerics)
@@ -297,7 +310,7 @@ def _file(path, key: str) -> str:
 
 
 def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_drafter: str | None = None,
-                  neighbours: str | None = None, neighbours_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
+                  neighbours: str | None = None, neighbours_k: int | None = None, metric: str | None = None,
                   model_type: str | None = None, gpt_size=None, num_classes: int | None = None,
                   image_size: int | None = None, downsample: int = 16, cls_token_num: int | None = None,
                   t5: str | None = None, device: str = "auto", dtype: str = "fp32"):
@@ -309,15 +322,20 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     or object (upstream's `VQModel`). drafter_ckpt: a drafter of this project (`lantern train-drafter`, `lantern
     convert`); authors_drafter: the LANTERN authors' drafter folder (config.json + weights), converted in memory.
     neighbours: a table from `lantern neighbours` (else built from the codebook on first use, `neighbours_k`
-    columns, default 200 or every other code of a smaller codebook; `metric` l2 or cosine). model_type, gpt_size, num_classes, image_size / downsample, cls_token_num: the
+    columns, default 200 or every other code of a smaller codebook; `metric` l2 (default) or cosine, checked against
+    a loaded table's). model_type, gpt_size, num_classes, image_size / downsample, cls_token_num: the
     target spec, checked against the weights (an upstream file carries no config). t5: a local flan-t5 folder, for
     t2i prompts given as text. Returns a `World`.
     """
     from lantern.engine.drafter import load_drafter
     from lantern.engine.neighbours import load_neighbours
+    from lantern.io import load_torch
 
     if drafter_ckpt and authors_drafter:
         raise UserError("give drafter_ckpt or authors_drafter, not both")
+    if image_size and (isinstance(downsample, bool) or not isinstance(downsample, int) or downsample < 1
+                       or image_size % downsample):
+        raise UserError(f"llamagen.image_size = {image_size} is not a multiple of llamagen.downsample = {downsample}")
     spec = {"model_type": model_type, "gpt_size": gpt_size, "num_classes": num_classes,
             "cls_token_num": cls_token_num,
             "image_tokens": (image_size // downsample) ** 2 if image_size else None}
@@ -335,15 +353,20 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     elif authors_drafter:
         from lantern.worlds.llamagen.convert import convert_drafter, read_hf
 
-        hf, config = read_hf(authors_drafter)
+        try:  # the converter names its input --src
+            drafter = convert_drafter(*read_hf(authors_drafter), target)
+        except UserError as e:
+            raise UserError(f"authors_drafter: {e}") from None
         w = target.output.weight
-        drafter = convert_drafter(hf, config, target).to(device=w.device, dtype=w.dtype).requires_grad_(False)
+        drafter = drafter.to(device=w.device, dtype=w.dtype).requires_grad_(False)
     # a left-padded caption position's target state, read by the drafter: the authors' rule for their drafter
     target.pad_semantics = "authors" if authors_drafter else "upstream"
     table = None
     if neighbours:
         path = _file(neighbours, "neighbours")
-        table = load_neighbours(path, vq.quantize.embedding.weight.detach().float().cpu(), _stored_k(path))
+        stored = load_torch(path, "neighbour table", "lantern neighbours").get("meta") or {}
+        table = load_neighbours(path, vq.quantize.embedding.weight.detach().float().cpu(), stored.get("k", 1), metric)
+        metric = stored.get("metric", metric)
     t5_models = None
     if t5:
         from lantern.engine.checkpoint import parse_dtype
@@ -352,13 +375,8 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
         if target.args.model_type != "t2i":
             raise UserError("t5 is for text-to-image targets; this GPT is class-conditional (c2i): leave t5 out")
         t5_models = load_t5(t5, where, parse_dtype(dtype))
-    return World("llamagen", target, vq, drafter, table, max_k=neighbours_k, metric=metric, t5=t5_models)
-
-
-def _stored_k(path) -> int:
-    from lantern.io import load_torch
-
-    return int(load_torch(path, "neighbour table", "lantern neighbours")["meta"]["k"])
+    return World("llamagen", target, vq, drafter, table, max_k=neighbours_k, metric=metric or NEIGHBOURS_METRIC,
+                 t5=t5_models)
 
 
 # -- generating -------------------------------------------------------------------------------------------------
