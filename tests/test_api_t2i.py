@@ -60,3 +60,18 @@ def test_caption_problems_are_one_line(files):
         with pytest.raises(UserError) as e:
             call()
         assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_lantern_generate_takes_prompts(files, tmp_path, capfd):
+    from PIL import Image
+
+    from lantern.pipeline import cli
+
+    out = tmp_path / "grid.png"
+    assert cli.main(["generate", "--gpt-ckpt", str(files / "target.pt"), "--vq-ckpt", str(files / "vq.pt"),
+                     "--drafter-ckpt", str(files / "drafter.pt"), "--t5", str(files / "t5"), "--prompts", *CAPTIONS,
+                     "-n", "3", "--method", "exact", "--gamma", "3", "--cfg-scale", "3", "--seed", "7", "--device",
+                     "cpu", "--quiet", "--out", str(out)]) == 0
+    printed = capfd.readouterr().out
+    assert "exact-chain-g3 (sampling): 3 images, tau " in printed and "speed-up" in printed
+    assert Image.open(out).size == (3 * 8, 8)

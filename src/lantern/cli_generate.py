@@ -25,12 +25,19 @@ SPEC = {"gpt_size": str, "model_type": str, "num_classes": int, "image_size": in
         "cls_token_num": int}
 
 
-def method_flags() -> dict[str, str]:
-    """Every registered method parameter -> its flag (`top_k` of the dynamic tree: --tree-top-k)."""
+def method_params() -> dict:
+    """Every registered method parameter by name (the first family or drafting kind declaring it)."""
     from lantern.engine.methods import DRAFTINGS, FAMILIES
 
-    names = [p.name for f in FAMILIES.values() for p in f.params] + [p.name for d in DRAFTINGS.values() for p in d.params]
-    return {name: "--tree-top-k" if name == "top_k" else "--" + name.replace("_", "-") for name in dict.fromkeys(names)}
+    params: dict = {}
+    for p in [p for f in FAMILIES.values() for p in f.params] + [p for d in DRAFTINGS.values() for p in d.params]:
+        params.setdefault(p.name, p)
+    return params
+
+
+def method_flags() -> dict[str, str]:
+    """Every registered method parameter -> its flag (`top_k` of the dynamic tree: --tree-top-k)."""
+    return {name: "--tree-top-k" if name == "top_k" else "--" + name.replace("_", "-") for name in method_params()}
 
 
 def parse_value(text: str):
@@ -49,12 +56,13 @@ def parse_args(argv: list[str]):
     ap.add_argument("-n", "--images", type=int, default=8, help="number of images (default 8)")
     ap.add_argument("--method", default=None, help="method family (`lantern methods`); default: lantern at the "
                     "default run's point, --delta 0.1 --k 3")
-    for name, flag in method_flags().items():
-        ap.add_argument(flag, dest=f"m_{name}", default=None, metavar="VALUE", help=argparse.SUPPRESS)
+    for (name, flag), param in zip(method_flags().items(), method_params().values()):
+        ap.add_argument(flag, dest=f"m_{name}", default=None, metavar="VALUE", help=f"method {name}: {param.doc}")
     ap.add_argument("--drafting", default=None, help="drafting kind: chain, static, dynamic, jacobi")
     for name in SAMPLING:
         ap.add_argument("--" + name.replace("_", "-"), dest=f"s_{name}", type=float if name in ("cfg_scale",
-                        "temperature", "top_p") else int, default=None, help=f"sampling {name}")
+                        "temperature", "top_p") else int, default=None, metavar="VALUE",
+                        help=f"sampling.{name} (default: the default run's, CFG 2)")
     ap.add_argument("--mode", choices=("sampling", "greedy"), default="sampling")
     ap.add_argument("--seed", type=int, default=0, help="global seed; image i draws from a seed of (seed, i)")
     ap.add_argument("--batch-size", type=int, default=1, help="images decoded together; 1 (default) is the paper's "
