@@ -513,7 +513,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     each image alone: the paper's latency; larger batches give throughput). mode: sampling, or greedy
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
     temperature, top_k, top_p (defaults: the default run's, CFG 2). compile: torch.compile the verify / decode
-    step (auto: on CUDA). warmup: first decode one image untimed (one-time costs stay out of the times).
+    step (auto: on CUDA). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
+    stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
     from lantern.engine.compiled import resolve
@@ -531,15 +532,17 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     spec = method_spec(method, world.max_k, **params)
     sampling_params = _sampling(sampling, mode)
     cond, mask, described = _conditions(world, conditions)
-    run = _decoder(world, spec, sampling_params, resolve({"true": True, "false": False}.get(compile, compile),
-                                                         world.device))
+    compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
+    run = _decoder(world, spec, sampling_params, compiled)
     n = len(cond)
+    batches = aligned_batches(first_index, first_index + n, batch_size)
     at = lambda batch: [i - first_index for i in batch]  # noqa: E731 - image index -> row of cond
-    if warmup:
-        run(cond[:1], [image_generator(seed, first_index)], None if mask is None else mask[:1])
+    if warmup:  # as `lantern sample`: eager costs are per process (one image pays them), compiled graphs per shape
+        rows = at(batches[0] if compiled else batches[0][:1])
+        run(cond[rows], [image_generator(seed, first_index + r) for r in rows], None if mask is None else mask[rows])
     pixels, tokens, stats = [], [], []
     shown = Progress(n, point_name(spec), quiet=not progress)
-    for batch in aligned_batches(first_index, first_index + n, batch_size):
+    for batch in batches:
         rows = at(batch)
         out, batch_stats = run(cond[rows], [image_generator(seed, i) for i in batch],
                                None if mask is None else mask[rows])
