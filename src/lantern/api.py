@@ -264,7 +264,10 @@ def _vq_args_of(model: nn.Module, sd: dict):
         return None
     ch = sd["encoder.conv_in.weight"].shape[0]
     mult = tuple(sd[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels))
-    count = lambda prefix, i: len({k.split(".")[4] for k in sd if k.startswith(f"{prefix}.conv_blocks.{i}.res.")})  # noqa: E731
+
+    def count(prefix: str, level: int) -> int:  # res blocks of one level: <prefix>.conv_blocks.<level>.res.<j>...
+        return len({k.split(".")[4] for k in sd if k.startswith(f"{prefix}.conv_blocks.{level}.res.")})
+
     groups = next((m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)), 32)
     codes, dim = sd["quantize.embedding.weight"].shape
     config = getattr(model, "config", None)
@@ -440,7 +443,8 @@ def _conditions(world: World, conditions) -> tuple[Tensor, Tensor | None, list[d
     for c in conditions:
         if isinstance(c, str):
             if world.class_names is None:
-                raise UserError(f"class {c!r}: this world's classes have no names; give class ids 0..{a.num_classes - 1}")
+                raise UserError(f"class {c!r}: this world's classes have no names; give class ids "
+                                f"0..{a.num_classes - 1}")
             if c not in world.class_names:
                 raise UserError(f"class {c!r} is not a class of the {world.name} world; use one of "
                                 f"{', '.join(world.class_names)} (or ids 0..{a.num_classes - 1})")

@@ -139,7 +139,8 @@ def main(argv: list[str]) -> None:
     from lantern.api import generate, method_spec
     from lantern.io import atomic_path
 
-    params = {name: parse_value(getattr(a, f"m_{name}")) for name in method_flags() if getattr(a, f"m_{name}") is not None}
+    given = {name: getattr(a, f"m_{name}") for name in method_flags()}
+    params = {name: parse_value(value) for name, value in given.items() if value is not None}
     if a.drafting is not None:
         params["drafting"] = a.drafting
     if a.method is None:
