@@ -143,8 +143,9 @@ def _placement(device: str, dtype: str) -> torch.device:
 def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", neighbours_k: int | None = None):
     """The shipped toy world (models/toy/default: its target, VQ and drafter, the models `make run` uses), on
     `device` (auto: CUDA when available) in `dtype` (fp32, bf16, fp16). Its neighbour table is built from the VQ
-    codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). Returns a
-    `World`."""
+    codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). On CUDA it
+    turns on the pipeline's deterministic kernels for the process (pipeline/determinism.py), as `load_llamagen`
+    does. Returns a `World`."""
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import load_drafter
     from lantern.engine.vq import load_vq
