@@ -31,6 +31,7 @@ COMMANDS = {
     "figure": "lantern.figures",
     "prompts": "lantern.worlds.llamagen.prompts",
     "encode-captions": "lantern.worlds.llamagen.captions",
+    "generate": "lantern.cli_generate",
 }
 
 

@@ -33,7 +33,7 @@ from lantern import __version__
 from lantern.engine.checkpoint import load_gpt, parse_device
 from lantern.engine.compiled import resolve
 from lantern.pipeline.determinism import configure as configure_determinism, settings as determinism_settings
-from lantern.engine.methods import build_decoder, normalize, speculative
+from lantern.engine.methods import build_decoder, normalize, point_name, speculative
 from lantern.engine.model import PAD_SEMANTICS
 from lantern.errors import UserError
 from lantern.engine.generate import generate
@@ -41,6 +41,7 @@ from lantern.engine.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
+from lantern.pipeline.progress import Progress
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -278,6 +279,8 @@ def parse_args(argv):
                          "(global batch index = first image // --batch-size; the offset in a block is drawn from the "
                          "block's index, so any shard agrees); the speed-up pairs those images' times with the "
                          "method's. With --latency-images, also one image in each block of N of those decoded alone")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines (images done, images/s, ETA, tau so "
+                    "far; on stderr: a bar on a terminal, else a line every 30 s)")
     return ap.parse_args(argv)
 
 
@@ -324,10 +327,11 @@ def main(argv: list[str]) -> None:
     if not a.no_warmup:
         warm_up(decoder, condition, passes[0][0], a, reference)
     started = time.time()
-    for batch, size in passes:
+    todo = [(batch, size) for batch, size in passes
+            if not all((partial / "rows" / f"{i:06d}.json").exists() for i in batch)]  # a resumed job skips the rest
+    progress = Progress(sum(len(batch) for batch, _ in todo), f"{point_name(method)} ({a.mode})", quiet=a.quiet)
+    for batch, size in todo:
         row_paths = [partial / "rows" / f"{i:06d}.json" for i in batch]
-        if all(p.exists() for p in row_paths):
-            continue
         cond, cond_mask = condition(batch)
         tokens, stats = decoder.run(cond, [image_generator(a.seed, i) for i in batch], cond_mask)
         timed = reference and reference_batch(batch[0], size, a.in_job_vanilla_every)
@@ -345,6 +349,8 @@ def main(argv: list[str]) -> None:
             if timed:
                 row[ALONE_REFERENCE if alone else IN_JOB_REFERENCE] = plain[b].time_total_s
             write_json(row_paths[b], row)
+        progress.update(len(batch), [s.tau for s in stats])
+    progress.close()
 
     drop_outside_range(partial, a.start, a.end)
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]

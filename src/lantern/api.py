@@ -1,0 +1,563 @@
+"""LANTERN from Python: load a world once, generate images with any registered method, read per-image stats.
+
+    import lantern
+    world = lantern.load_world("toy")
+    out = lantern.generate(world, ["ring", "star"], "lantern", delta=0.1, k=3, seed=0)
+    out.images[0].save("ring.png"); print(out.tau)
+
+The public names are `lantern.__all__`. Everything here calls the engine and the method registry
+(engine/methods.py): a method is validated by the same code, with the same one-line messages, as a config's
+sweep entry, and image i of a call draws from the generator seeded from (seed, i), as `lantern sample` does, so
+the same settings give the pipeline's images.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lantern.errors import UserError
+
+# models/toy/ of this checkout: the shipped toy world (src/lantern/api.py -> the repository root)
+TOY_ROOT = Path(__file__).resolve().parents[2] / "models" / "toy"
+# The default run's sampling (config/config.yaml `sampling:`); any key given to `generate` replaces its default.
+DEFAULT_SAMPLING = {"cfg_scale": 2.0, "cfg_interval": -1, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+# The config's `neighbours:` defaults: the table the pipeline builds for every relaxed method.
+NEIGHBOURS_METRIC, NEIGHBOURS_MAX_K = "l2", 200
+
+
+class World:
+    """The models of one world, loaded once on one device and dtype: `target` (the LlamaGen-family GPT), `vq` (its
+    tokenizer), `drafter` (None when the world has none: only plain AR and Jacobi drafting run), the neighbour table
+    of the relaxed methods (loaded, or built from the VQ codebook on first use, `max_k` columns), and for the toy
+    world its `class_names`."""
+
+    def __init__(self, name: str, target: nn.Module, vq: nn.Module, drafter: nn.Module | None = None,
+                 neighbours: Tensor | None = None, max_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
+                 class_names: Sequence[str] | None = None, t5: tuple | None = None):
+        from lantern.engine.neighbours import NeighbourParams
+
+        NeighbourParams(metric=metric)  # l2 or cosine, with the config's message
+        self.name, self.target, self.vq, self.drafter = name, target, vq, drafter
+        self.device = target.output.weight.device
+        self.class_names = tuple(class_names) if class_names else None
+        self.metric, self._t5 = metric, t5
+        self._table = None if neighbours is None else neighbours.to(self.device)
+        codes = vq.quantize.embedding.weight.shape[0]
+        if neighbours is not None:
+            max_k = neighbours.shape[1]
+        elif max_k is None:  # the config's default, or every other code of a smaller codebook
+            max_k = min(NEIGHBOURS_MAX_K, codes - 1)
+        elif isinstance(max_k, bool) or not isinstance(max_k, int) or not 1 <= max_k <= codes - 1:
+            raise UserError(f"neighbours_k = {max_k} must be between 1 and {codes - 1} (the other codes of the "
+                            f"{codes}-code VQ codebook); lower it")
+        self.max_k = max_k
+
+    @property
+    def model_type(self) -> str:
+        """c2i (class ids, or class names for the toy world) or t2i (captions)."""
+        return self.target.args.model_type
+
+    def neighbour_table(self, width: int) -> Tensor:
+        """The first `width` columns of the neighbour table on the world's device ([codes, width], nearest first);
+        built from the VQ codebook on first use, as `lantern neighbours` builds it (its first columns are the same
+        whatever max_k)."""
+        if width > self.max_k:
+            raise UserError(f"the method reads {width} neighbours per code, but this world's table holds "
+                            f"max_k = {self.max_k}; load it with neighbours_k >= {width}")
+        if self._table is None:
+            from lantern.engine.neighbours import nearest_neighbours
+
+            codebook = self.vq.quantize.embedding.weight.detach()
+            self._table = nearest_neighbours(codebook, self.max_k, self.metric).to(self.device)
+        return self._table[:, :width]
+
+    def __repr__(self) -> str:
+        a = self.target.args
+        drafter = "a drafter" if self.drafter is not None else "no drafter"
+        return (f"World({self.name!r}: {a.model_type} GPT {a.n_layer} layers x {a.dim}, {a.image_tokens} tokens, "
+                f"{a.vocab_size} codes, {drafter}, on {self.device})")
+
+
+@dataclasses.dataclass
+class Images:
+    """What `generate` returns: `pixels` [B, H, W, 3] uint8, `tokens` [B, N] (CPU int64), and `stats`, one dict per
+    image (image_index, seed, label or caption, tau, target_forwards, drafter_forwards, accepted_total,
+    time_total_s and its draft / verify / other parts, batch_size, ...: the columns of `lantern sample`'s stats.csv);
+    `method` is the validated method spec and `point` its name in the pipeline's tables."""
+
+    pixels: np.ndarray
+    tokens: Tensor
+    stats: list[dict]
+    method: dict
+    point: str
+
+    @property
+    def images(self) -> list:
+        """The images as PIL images."""
+        from PIL import Image
+
+        return [Image.fromarray(p) for p in self.pixels]
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward over the images (1.0 for plain AR)."""
+        return float(np.mean([s["tau"] for s in self.stats]))
+
+    @property
+    def seconds(self) -> float:
+        """Decoding time of all the images (the sum of their time_total_s; a batch's wall time is split evenly)."""
+        return float(sum(s["time_total_s"] for s in self.stats))
+
+    def grid(self, columns: int = 8):
+        """The images in one PIL image, `columns` per row, in order."""
+        from PIL import Image
+
+        n, h, w, _ = self.pixels.shape
+        columns = max(1, min(columns, n))
+        rows = -(-n // columns)
+        canvas = np.full((rows * h, columns * w, 3), 255, dtype=np.uint8)
+        for i, p in enumerate(self.pixels):
+            r, c = divmod(i, columns)
+            canvas[r * h : (r + 1) * h, c * w : (c + 1) * w] = p
+        return Image.fromarray(canvas)
+
+
+# -- loading ----------------------------------------------------------------------------------------------------
+def _placement(device: str, dtype: str) -> torch.device:
+    from lantern.engine.checkpoint import parse_device, parse_dtype
+    from lantern.pipeline.determinism import configure
+
+    parse_dtype(dtype)
+    where = parse_device(device)
+    configure(where)  # the pipeline's deterministic CUDA kernels, before any of them runs
+    return where
+
+
+def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", neighbours_k: int | None = None):
+    """The shipped toy world (models/toy/default: its target, VQ and drafter, the models `make run` uses), on
+    `device` (auto: CUDA when available) in `dtype` (fp32, bf16, fp16). Its neighbour table is built from the VQ
+    codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). On CUDA it
+    turns on the pipeline's deterministic kernels for the process (pipeline/determinism.py), as `load_llamagen`
+    does. Returns a `World`."""
+    from lantern.engine.checkpoint import load_gpt
+    from lantern.engine.drafter import load_drafter
+    from lantern.engine.vq import load_vq
+    from lantern.hparams import CLASS_NAMES
+
+    if name != "toy":
+        raise UserError(f"world {name!r} is not shipped; use load_world('toy'), or load_llamagen(gpt_ckpt=..., "
+                        "vq_ckpt=...) for LlamaGen files")
+    root = TOY_ROOT / "default"
+    if not (root / "target.pt").is_file():
+        raise UserError(f"the toy world is not at {root}; it ships in the repository's models/toy/ (install lantern "
+                        "from its source checkout)")
+    where = _placement(device, dtype)
+    target = load_gpt(root / "target.pt", dtype=dtype, device=str(where))
+    vq = load_vq(root / "vq.pt", device=str(where))
+    drafter = load_drafter(root / "drafter.pt", target)
+    return World("toy", target, vq, drafter, max_k=neighbours_k,
+                 class_names=CLASS_NAMES[: target.args.num_classes])
+
+
+def _upstream_spec(model: nn.Module) -> dict:
+    """The target spec an upstream `Transformer` states in its attributes (its `config`, a ModelArgs)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return {}
+    for key, want in (("n_kv_head", None), ("ffn_dim_multiplier", None)):
+        if getattr(config, key, want) != want:
+            raise UserError(f"gpt_ckpt: the model's config sets {key} = {getattr(config, key)}; LlamaGen's released "
+                            "GPTs leave it None, and lantern's GPT implements only that")
+    spec = {"model_type": getattr(config, "model_type", None), "image_tokens": getattr(config, "block_size", None),
+            "cls_token_num": getattr(config, "cls_token_num", None)}
+    if all(isinstance(getattr(config, k, None), int) for k in ("dim", "n_layer", "n_head")):
+        spec["gpt_size"] = {k: getattr(config, k) for k in ("dim", "n_layer", "n_head")}
+    if spec["model_type"] == "c2i":
+        spec["num_classes"] = getattr(config, "num_classes", None)
+        spec["cls_token_num"] = None  # upstream keeps its default 1 or 120 here; c2i has one condition token
+    return spec
+
+
+def _gpt(source, spec: dict, dtype: str, where: torch.device):
+    """A GPT from an upstream file, our own file, or a model object in memory (upstream's `Transformer` or ours):
+    the object's state dict goes through the same shape checks and key mapping as a file (no file round trip)."""
+    from dataclasses import replace
+
+    from lantern.engine.checkpoint import load_gpt, load_weights, no_init, parse_spec, target_args
+    from lantern.engine.model import GPT
+
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+        return _authors_gpt(Path(source), spec, dtype, where)
+    if not isinstance(source, nn.Module):
+        return load_gpt(_file(source, "gpt_ckpt"), spec=spec or None, dtype=dtype, device=str(where))
+    what = f"gpt_ckpt (a {type(source).__name__} object)"
+    sd = source.state_dict()
+    if "tok_embeddings.weight" not in sd:
+        raise UserError(f"{what} is not a LlamaGen GPT: it has no tok_embeddings.weight; pass upstream's "
+                        "Transformer (GPT_models[...]) as gpt_ckpt and its VQModel as vq_ckpt")
+    if isinstance(source, GPT):
+        args = target_args({"args": source.args.to_dict()}, sd, parse_spec(spec), what)
+    else:
+        stated = parse_spec({k: v for k, v in _upstream_spec(source).items() if v is not None})
+        for key, value in parse_spec(spec).items():  # the object's own config has the last word: agree with it
+            theirs = stated.get(key)
+            if key == "gpt_size" and theirs is not None:  # a name or {dim, n_layer, n_head}: compare the numbers
+                same = all(value[k] == theirs[k] for k in ("dim", "n_layer", "n_head"))
+                value, theirs = value["text"], value["text"] if same else theirs["text"]
+            if theirs is not None and value != theirs:
+                raise UserError(f"{what} states {key} = {theirs} in its config, but llamagen.{key} = {value}; "
+                                f"leave {key} out (the object's config says it)")
+        args = target_args({}, sd, stated, what)
+        config = getattr(source, "config", None)
+        numerics = {k: float(getattr(config, k)) for k in ("norm_eps", "rope_base") if hasattr(config, k)}
+        args = replace(args, **numerics)
+    with no_init():
+        model = GPT(args)
+    load_weights(model, {k: v.detach() for k, v in sd.items()}, what)
+    from lantern.engine.checkpoint import parse_dtype
+
+    return model.to(device=where, dtype=parse_dtype(dtype)).eval()
+
+
+def _authors_gpt(folder: Path, spec: dict, dtype: str, where: torch.device):
+    """The LANTERN authors' HF-format target folder (config.json + weights), converted in memory as `lantern convert
+    --kind target` converts it: their keys renamed to upstream's, config.json's spec under the user's, its norm eps
+    and RoPE base kept."""
+    from dataclasses import replace
+
+    from lantern.engine.checkpoint import load_weights, no_init, parse_dtype, parse_spec, target_args
+    from lantern.engine.model import GPT
+    from lantern.worlds.llamagen.convert import (check_stated_tokens, check_target, config_numerics, config_spec,
+                                                 read_hf, target_state_dict)
+
+    if not (folder / "config.json").is_file():
+        raise UserError(f"gpt_ckpt {folder} is a folder without config.json; give an upstream GPT file, or the "
+                        "authors' HF target folder (config.json + weights)")
+    try:  # the converter names its input --src
+        hf, config = read_hf(folder)
+        sd = target_state_dict(hf)
+        stated = config_spec(config, sd)
+        check_stated_tokens(stated, spec)
+        args = target_args({}, sd, parse_spec({**stated, **spec}), folder)  # the user's spec has the last word
+        check_target(sd, args)
+    except UserError as e:
+        raise UserError(f"gpt_ckpt (the authors' HF target): {e}") from None
+    args = replace(args, **config_numerics(config))
+    with no_init():
+        model = GPT(args)
+    load_weights(model, sd, folder)
+    return model.to(device=where, dtype=parse_dtype(dtype)).eval()
+
+
+def _vq_args_of(model: nn.Module, sd: dict):
+    """VQArgs of an upstream VQModel object, read from its tensors' shapes and its GroupNorm layers."""
+    from lantern.engine.vq import VQArgs, encoder_levels
+
+    levels = encoder_levels(sd)
+    if not levels:
+        return None
+    ch = sd["encoder.conv_in.weight"].shape[0]
+    mult = tuple(sd[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels))
+
+    def count(prefix: str, level: int) -> int:  # res blocks of one level: <prefix>.conv_blocks.<level>.res.<j>...
+        return len({k.split(".")[4] for k in sd if k.startswith(f"{prefix}.conv_blocks.{level}.res.")})
+
+    groups = next((m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)), 32)
+    codes, dim = sd["quantize.embedding.weight"].shape
+    config = getattr(model, "config", None)
+    return VQArgs(codebook_size=codes, codebook_embed_dim=dim,
+                  codebook_l2_norm=bool(getattr(config, "codebook_l2_norm", True)), ch=ch, ch_mult=mult,
+                  z_channels=sd["quant_conv.weight"].shape[1], norm_groups=groups,
+                  enc_res_blocks=tuple(count("encoder", i) for i in range(levels)),
+                  dec_res_blocks=tuple(count("decoder", i) for i in range(levels)),
+                  usage_window=sd["quantize.codebook_used"].shape[0] if "quantize.codebook_used" in sd else 65536)
+
+
+def _vq(source, where: torch.device):
+    """A VQ from a file, or a VQModel object in memory (ours, or upstream's: its config read from its tensors)."""
+    from lantern.engine.checkpoint import load_weights, no_init
+    from lantern.engine.vq import VQModel, load_vq
+
+    if not isinstance(source, nn.Module):
+        return load_vq(_file(source, "vq_ckpt"), device=str(where))
+    what = f"vq_ckpt (a {type(source).__name__} object)"
+    if isinstance(source, VQModel):
+        return source.to(where).eval()
+    sd = {k: v.detach() for k, v in source.state_dict().items()}
+    if "quantize.embedding.weight" not in sd:
+        raise UserError(f"{what} is not a LlamaGen VQ tokenizer: it has no quantize.embedding.weight; pass upstream's "
+                        "VQModel (VQ_models['VQ-16']) as vq_ckpt")
+    args = _vq_args_of(source, sd)
+    if args is None:
+        raise UserError(f"{what} has no encoder.conv_blocks; it is not a LlamaGen VQModel")
+    with no_init():
+        model = VQModel(args)
+    load_weights(model, sd, what)
+    return model.to(where).eval()
+
+
+def _file(path, key: str) -> str:
+    from lantern.io import not_a_file
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise UserError(f"{key} = {type(path).__name__} object; give a file path or a model object (an nn.Module)")
+    if not Path(path).is_file():
+        raise not_a_file(key, path)
+    return str(path)
+
+
+def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_drafter: str | None = None,
+                  neighbours: str | None = None, neighbours_k: int | None = None, metric: str | None = None,
+                  model_type: str | None = None, gpt_size=None, num_classes: int | None = None,
+                  image_size: int | None = None, downsample: int = 16, cls_token_num: int | None = None,
+                  t5: str | None = None, device: str = "auto", dtype: str = "fp32"):
+    """A LlamaGen world from files or from models already in memory; the names are the config's llamagen keys.
+
+    gpt_ckpt: an upstream GPT file (c2i_B_256.pt ...), a file of this project, the LANTERN authors' HF-format target
+    folder (converted in memory), or the GPT object itself (upstream's `Transformer`, or a
+    `lantern.engine.model.GPT`), mapped through the same checks as a file; vq_ckpt: the VQ file
+    or object (upstream's `VQModel`). drafter_ckpt: a drafter of this project (`lantern train-drafter`, `lantern
+    convert`); authors_drafter: the LANTERN authors' drafter folder (config.json + weights), converted in memory.
+    neighbours: a table from `lantern neighbours` (else built from the codebook on first use, `neighbours_k`
+    columns, default 200 or every other code of a smaller codebook; `metric` l2 (default) or cosine, checked against
+    a loaded table's). model_type, gpt_size, num_classes, image_size / downsample, cls_token_num: the
+    target spec, checked against the weights (an upstream file carries no config). t5: a local flan-t5 folder, for
+    t2i prompts given as text. Returns a `World`.
+    """
+    from lantern.engine.drafter import load_drafter
+    from lantern.engine.neighbours import load_neighbours
+    from lantern.io import load_torch
+
+    if drafter_ckpt and authors_drafter:
+        raise UserError("give drafter_ckpt or authors_drafter, not both")
+    if image_size and (isinstance(downsample, bool) or not isinstance(downsample, int) or downsample < 1
+                       or image_size % downsample):
+        raise UserError(f"llamagen.image_size = {image_size} is not a multiple of llamagen.downsample = {downsample}")
+    spec = {"model_type": model_type, "gpt_size": gpt_size, "num_classes": num_classes,
+            "cls_token_num": cls_token_num,
+            "image_tokens": (image_size // downsample) ** 2 if image_size else None}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    where = _placement(device, dtype)
+    target = _gpt(gpt_ckpt, spec, dtype, where)
+    vq = _vq(vq_ckpt, where)
+    codes = vq.quantize.embedding.weight.shape[0]
+    if target.args.vocab_size > codes:
+        raise UserError(f"gpt_ckpt predicts {target.args.vocab_size} codes, but vq_ckpt decodes {codes}; give the VQ "
+                        "the GPT was trained with")
+    drafter = None
+    if drafter_ckpt:
+        drafter = load_drafter(_file(drafter_ckpt, "drafter_ckpt"), target)
+    elif authors_drafter:
+        from lantern.worlds.llamagen.convert import convert_drafter, read_hf
+
+        try:  # the converter names its input --src
+            drafter = convert_drafter(*read_hf(authors_drafter), target)
+        except UserError as e:
+            raise UserError(f"authors_drafter: {e}") from None
+        w = target.output.weight
+        drafter = drafter.to(device=w.device, dtype=w.dtype).requires_grad_(False)
+    # a left-padded caption position's target state, read by the drafter: the authors' rule for their drafter
+    target.pad_semantics = "authors" if authors_drafter else "upstream"
+    table = None
+    if neighbours:
+        path = _file(neighbours, "neighbours")
+        stored = load_torch(path, "neighbour table", "lantern neighbours").get("meta") or {}
+        table = load_neighbours(path, vq.quantize.embedding.weight.detach().float().cpu(), stored.get("k", 1), metric)
+        metric = stored.get("metric", metric)
+    t5_models = None
+    if t5:
+        from lantern.engine.checkpoint import parse_dtype
+        from lantern.worlds.llamagen.captions import load_t5
+
+        if target.args.model_type != "t2i":
+            raise UserError("t5 is for text-to-image targets; this GPT is class-conditional (c2i): leave t5 out")
+        t5_models = load_t5(t5, where, parse_dtype(dtype))
+    return World("llamagen", target, vq, drafter, table, max_k=neighbours_k, metric=metric or NEIGHBOURS_METRIC,
+                 t5=t5_models)
+
+
+# -- generating -------------------------------------------------------------------------------------------------
+def methods() -> str:
+    """Every decoding method family and drafting kind with its parameters, as `lantern methods` prints them."""
+    from lantern.engine.methods import describe
+
+    return describe()
+
+
+def method_spec(method: str | dict, max_k: int | None = None, **params: Any) -> dict:
+    """A method as the config's sweep entries give it (`"lantern"` with delta=0.1, k=3, drafting="chain", ...; or
+    the whole entry as a dict), validated by the registry with the config's own one-line messages, defaults filled.
+    `max_k`: the neighbour table's width, which bounds k as neighbours.max_k does."""
+    from lantern.engine.methods import normalize, rule
+
+    if isinstance(method, dict):
+        if params:
+            raise UserError(f"give the method as a dict or as a name with parameters, not both (got {sorted(params)})")
+        entry = dict(method)
+    elif isinstance(method, str):
+        entry = {"name": method, **params}
+    else:
+        raise UserError(f"method = {method!r} must be a method name such as 'lantern' or a dict spec; see "
+                        "lantern.methods()")
+    context = {} if max_k is None else {"max_k": max_k}
+    spec = normalize(entry, "method", context)
+    if max_k is not None and spec.get("residual") == "reference" and rule(spec).table_width > max_k:
+        width = rule(spec).table_width
+        raise UserError(f"method reads the {width} nearest codes (the reference residual zeroes k + 1 = {width}), "
+                        f"but neighbours.max_k = {max_k}; lower k or load the world with neighbours_k >= {width}")
+    return spec
+
+
+def _sampling(sampling: dict | None, mode: str):
+    from lantern.engine.sampling import SamplingParams
+    from lantern.params import params_from
+    from lantern.pipeline.sample import GREEDY
+
+    if mode not in ("sampling", "greedy"):
+        raise UserError(f"mode = {mode!r} is not a decoding mode; use sampling or greedy")
+    if sampling is not None and not isinstance(sampling, dict):
+        raise UserError(f"sampling = {sampling!r} must be a dict such as {{'cfg_scale': 2.0, 'top_k': 0}}")
+    return params_from({**DEFAULT_SAMPLING, **(sampling or {}), **(GREEDY if mode == "greedy" else {})},
+                       SamplingParams, "sampling.")
+
+
+def _conditions(world: World, conditions) -> tuple[Tensor, Tensor | None, list[dict]]:
+    """(cond, cond_mask, what each image's stats row says about its condition) for `conditions`."""
+    a = world.target.args
+    if a.model_type == "t2i":
+        return _captions(world, conditions)
+    if isinstance(conditions, (int, str)) or (isinstance(conditions, Tensor) and conditions.ndim == 0):
+        conditions = [conditions]
+    if isinstance(conditions, Tensor):
+        conditions = conditions.tolist()
+    if not isinstance(conditions, Sequence) or not conditions:
+        raise UserError(f"conditions = {conditions!r} must be a non-empty list of class ids (or class names of the "
+                        "toy world), one per image")
+    labels = []
+    for c in conditions:
+        if isinstance(c, str):
+            if world.class_names is None:
+                raise UserError(f"class {c!r}: this world's classes have no names; give class ids "
+                                f"0..{a.num_classes - 1}")
+            if c not in world.class_names:
+                raise UserError(f"class {c!r} is not a class of the {world.name} world; use one of "
+                                f"{', '.join(world.class_names)} (or ids 0..{a.num_classes - 1})")
+            c = world.class_names.index(c)
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < a.num_classes:
+            raise UserError(f"class {c!r} is not a class id of this target; use 0..{a.num_classes - 1}")
+        labels.append(c)
+    return torch.tensor(labels, device=world.device), None, [{"label": c} for c in labels]
+
+
+def _captions(world: World, conditions) -> tuple[Tensor, Tensor, list[dict]]:
+    """t2i conditions: (features [B, T, C], mask [B, T]) as `lantern encode-captions` writes them, or prompts (text)
+    with a world loaded with t5."""
+    a = world.target.args
+    dtype = world.target.output.weight.dtype
+    if isinstance(conditions, str):
+        conditions = [conditions]
+    if isinstance(conditions, Sequence) and conditions and all(isinstance(c, str) for c in conditions):
+        if world._t5 is None:
+            raise UserError("prompts as text need a T5 encoder: load the world with load_llamagen(..., t5=<local "
+                            "flan-t5 folder>), or pass caption features (features [B, T, C], mask [B, T])")
+        from lantern.worlds.llamagen.captions import encode_t5
+
+        features, mask = encode_t5(*world._t5, list(conditions), a.cls_token_num, 8)
+        described = [{"caption": c} for c in conditions]
+    elif isinstance(conditions, tuple) and len(conditions) == 2 and all(isinstance(t, Tensor) for t in conditions):
+        features, mask = conditions
+        described = [{"caption_row": i} for i in range(len(features))]
+    else:
+        raise UserError("a text-to-image world takes prompts (a list of strings, with t5 loaded) or caption "
+                        "features as a tuple (features [B, T, C], mask [B, T])")
+    if features.ndim != 3 or tuple(features.shape[1:]) != (a.cls_token_num, a.caption_dim) \
+            or tuple(mask.shape) != tuple(features.shape[:2]):
+        raise UserError(f"caption features {tuple(features.shape)} with mask {tuple(mask.shape)}: the target reads "
+                        f"[B, {a.cls_token_num}, {a.caption_dim}] with a [B, {a.cls_token_num}] mask")
+    return features.to(world.device, dtype), mask.to(world.device).bool(), described
+
+
+def _decoder(world: World, spec: dict, params, compile: bool):
+    """(cond, generators, cond_mask) -> (tokens, [ImageStats]) for a validated spec, on the world's models."""
+    from lantern.engine.methods import drafting, needs_drafter, rule, speculative
+
+    if not speculative(spec):
+        from lantern.engine.generate import generate as ar
+
+        return lambda cond, gens, mask: ar(world.target, cond, params, gens, mask, compile=compile)
+    from lantern.engine.speculative import decode
+
+    if needs_drafter(spec) and world.drafter is None:
+        raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter; load the world with "
+                        "drafter_ckpt or authors_drafter (or use drafting='jacobi', which needs none)")
+    accept, draft = rule(spec), drafting(spec)
+    table = world.neighbour_table(accept.table_width) if accept.table_width else None
+    drafter = world.drafter if needs_drafter(spec) else None
+    return lambda cond, gens, mask: decode(world.target, drafter, cond, params, accept, draft, gens, table, mask,
+                                           compile=compile)
+
+
+def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: int = 0, first_index: int = 0,
+             mode: str = "sampling", sampling: dict | None = None, batch_size: int = 1, compile: bool | str = "auto",
+             warmup: bool = False, progress: bool = False, **params: Any) -> Images:
+    """Generate one image per condition with `method` and return them with their tokens and stats (`Images`).
+
+    conditions: class ids (or the toy world's class names: world.class_names); for a t2i world, prompts (a world
+    loaded with t5) or caption features (features [B, T, C], mask [B, T]). method: a registered family name
+    (`lantern.methods()`) with its parameters as keywords (delta=0.1, k=3, drafting="chain", gamma=4, ...), or a
+    whole spec dict as in the config. Image i (first_index + position) draws from the generator seeded from
+    (seed, i), in batches of `batch_size` aligned to the image index, exactly as `lantern sample --seed --start
+    --batch-size`, so two methods given one seed share each image's random stream (batch 1, the default, times
+    each image alone: the paper's latency; larger batches give throughput). mode: sampling, or greedy
+    (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
+    temperature, top_k, top_p (defaults: the default run's, CFG 2). compile: torch.compile the verify / decode
+    step (auto: on CUDA). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
+    stay out of the times.
+    progress: print images done, images/s, ETA and tau so far to stderr.
+    """
+    from lantern.engine.compiled import resolve
+    from lantern.engine.methods import point_name
+    from lantern.engine.sampling import image_generator, image_seed
+    from lantern.pipeline.progress import Progress
+    from lantern.pipeline.sample import aligned_batches, to_uint8
+
+    if not isinstance(world, World):
+        raise UserError(f"world = {type(world).__name__} object; load one with lantern.load_world('toy') or "
+                        "lantern.load_llamagen(...)")
+    for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0), ("first_index", first_index, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"{name} = {value!r} must be an integer >= {low}")
+    spec = method_spec(method, world.max_k, **params)
+    sampling_params = _sampling(sampling, mode)
+    cond, mask, described = _conditions(world, conditions)
+    compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
+    run = _decoder(world, spec, sampling_params, compiled)
+    n = len(cond)
+    batches = aligned_batches(first_index, first_index + n, batch_size)
+    at = lambda batch: [i - first_index for i in batch]  # noqa: E731 - image index -> row of cond
+    if warmup:  # as `lantern sample`: eager costs are per process (one image pays them), compiled graphs per shape
+        rows = at(batches[0] if compiled else batches[0][:1])
+        run(cond[rows], [image_generator(seed, first_index + r) for r in rows], None if mask is None else mask[rows])
+    pixels, tokens, stats = [], [], []
+    shown = Progress(n, point_name(spec), quiet=not progress)
+    for batch in batches:
+        rows = at(batch)
+        out, batch_stats = run(cond[rows], [image_generator(seed, i) for i in batch],
+                               None if mask is None else mask[rows])
+        for b, i in enumerate(batch):
+            with torch.no_grad():  # one image at a time, as `lantern sample`: its pixels never depend on the batch
+                pixels.append(to_uint8(world.vq.decode_code(out[b : b + 1].to(world.device)))[0])
+            stats.append({"image_index": i, "seed": image_seed(seed, i), **described[i - first_index],
+                          "method": spec["name"], "mode": mode, **batch_stats[b].row()})
+        tokens.append(out.cpu())
+        shown.update(len(batch), [s.tau for s in batch_stats])
+    shown.close()
+    return Images(np.stack(pixels), torch.cat(tokens), stats, spec, point_name(spec))
+
