@@ -33,8 +33,8 @@ def bound(B: int) -> int:
     return 2 * B + 10
 
 
-def per_round(world: World, spec: dict, B: int, params: SamplingParams) -> float:
-    run = world.decoder(spec, params, True)
+def per_round(world: World, spec: dict, B: int, params: SamplingParams, compile: bool = True) -> float:
+    run = world.decoder(spec, params, compile)
     run(*batch(world, B))  # compilation
     ops, (_, stats) = host_ops.count(lambda: run(*batch(world, B)))
     return ops / max(max(s.target_forwards for s in stats) - 1, 1)
