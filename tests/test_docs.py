@@ -18,9 +18,7 @@ from lantern.pipeline.cli import COMMANDS
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "config" / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
-# docs/gpu.md is being rewritten apart from the other pages (issue 54); it joins the length and history checks
-# once it states the present
-NOT_YET_CUT = {"gpu.md"}
+NOT_YET_CUT: set[str] = set()  # pages exempt from the length and history checks while they are rewritten
 MAX_LINES = 200
 
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -196,10 +194,11 @@ def test_a_link_to_a_missing_heading_is_reported():
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p.name not in NOT_YET_CUT], ids=lambda p: p.name)
 def test_a_page_of_docs_states_the_present_briefly(page):
-    """At most MAX_LINES lines, and no commit named: which run or commit found what belongs in CHANGELOG.md."""
+    """At most MAX_LINES lines, and no commit named: which run or commit found what belongs in CHANGELOG.md (a hex
+    run inside a file name, such as the Inception weights', is no commit)."""
     text = page.read_text()
     assert len(text.splitlines()) <= MAX_LINES, f"{page.name}: {len(text.splitlines())} lines"
-    commits = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
+    commits = [w for w in re.findall(r"(?<![-.\w])[0-9a-f]{7,40}(?![-.\w])", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
     assert commits == [], f"{page.name} names commits {commits}: move that history to CHANGELOG.md"
 
 

@@ -74,8 +74,33 @@ def models_table(models: Path = MODELS) -> str:
     return "\n".join(rows)
 
 
+RECORD = ROOT / "benchmarks" / "records" / "gpu_rounds.csv"
+# what issue 51 asks of a round on GPT-XL at batch 1 / 8, in plain-AR tokens (chain: exact and LANTERN)
+ROUND_TARGETS = {("chain", 1): 1.4, ("chain", 8): 1.8, ("static", 1): 1.8, ("static", 8): 2.5, ("dynamic", 1): 2.2}
+
+
+def gpu_rounds_table(record: Path = RECORD) -> str:
+    """The newest row of the GPU round record per (size, decoder, batch): a round's cost against plain AR."""
+    import csv
+
+    with open(record, newline="") as f:
+        rows = list(csv.DictReader(f))
+    newest, latest = {}, rows[-1]["commit"] if rows else ""
+    for r in rows:  # appended in time order: a later row replaces an earlier one of the same key
+        newest[(r["size"], r["spec"], int(r["batch"]))] = r
+    out = ["| target | decoder | batch | round | plain AR per token | round in AR tokens | target | syncs / round | "
+           "host ops / round | device, torch | date |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (size, spec, batch), r in sorted(newest.items()):
+        goal = ROUND_TARGETS.get((spec.split("-")[0], batch)) if size == "GPT-XL" else None
+        mark = "" if r["commit"] == latest else " *"
+        out.append(f"| {size} | {spec}{mark} | {batch} | {float(r['round_ms']):.2f} ms | {float(r['ar_ms_per_token']):.2f} ms "
+                   f"| {float(r['round_in_ar_tokens']):.2f} | {'<= %.1f' % goal if goal else ''} | "
+                   f"{r['syncs_per_round']} | {r['host_ops_per_round']} | {r['device']}, {r['torch']} | {r['date']} |")
+    return "\n".join(out)
+
+
 # page (under docs/) -> table name -> generator
-TABLES = {"toy-world.md": {"shipped-models": models_table}}
+TABLES = {"toy-world.md": {"shipped-models": models_table}, "gpu-costs.md": {"gpu-rounds": gpu_rounds_table}}
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+)[^>]*-->\n)(?P<body>.*?)\n?<!-- end generated -->", re.S)
 END = "\n<!-- end generated -->"
 
