@@ -35,7 +35,7 @@ def static(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rule", ["exact", "lantern"])
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp"])
 @pytest.mark.parametrize("B, greedy", [(1, False), (3, True), (5, False)])
 def test_static_width_equals_one_by_one(f64, static_eager, kind, rule, B, greedy):
     """Finished images stay in the pass as padding rows; short drafts near an image's end pad to the width."""
@@ -97,16 +97,21 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-@pytest.mark.parametrize("rule, steps", [("exact", {"chain_round"}), ("lantern", {"chain_round"}),
-                                         ("coolsd", {"chain_drafts", "verify_step"})])
-def test_chain_rounds_go_through_compiled_steps(f64, monkeypatch, rule, steps):
-    """compile=True runs a chain's whole round (drafting, verify, acceptance, commit) as one compiled call
-    (chain_graph.chain_round) for rules that verify on the device; a rule with host-side verification (Cool-SD)
-    keeps compiled drafting and verify around it."""
+@pytest.mark.parametrize("kind, rule, steps", [
+    ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}),
+    ("chain", "coolsd", {"chain_drafts", "verify_step"}),
+    ("small", "lanternpp", {"static_tree_round"}), ("small", "coolsd", {"verify_step"}),
+    ("dynamic", "exact", {"verify_step"})])
+def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
+    """compile=True runs a chain's or a static tree's whole round (drafting, verify, acceptance, commit) as one
+    compiled call (chain_graph.chain_round, tree_graph.static_tree_round) for rules that verify on the device; a
+    rule with host-side verification (Cool-SD) and a dynamic tree keep a compiled verify (and a chain's drafting)
+    around host-side bookkeeping."""
     asked = []
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     target, drafter = f64
-    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES[rule], Chain(3))
+    drafting = Chain(3) if kind == "chain" else KINDS[kind]
+    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES[rule], drafting)
     assert set(asked) == steps
 
 

@@ -276,17 +276,25 @@ def greedy_paths(P: Tensor, drafts: list[Draft], table: Tensor | None, rule: Acc
     whose deepest accepted ancestor is that deep, cut at that depth (evaluate_posterior's argmax over retrieve
     rows); the accepted length is the same, the emitted tokens can differ. Returns (the accepted nodes [n, M] from y
     down, -1 past the path; the target distribution after them [n, V])."""
-    n, M = P.shape[0], P.shape[1] - 1
+    M = P.shape[1] - 1
     fill = lambda t: F.pad(t, (0, M - len(t)), value=-1)  # noqa: E731 - nodes [m] -> [M]
     X, parent = (torch.stack([fill(t) for t in ts]) for ts in zip(*((d.tokens, d.parent) for d in drafts)))
     depth = torch.stack([F.pad(d.depth, (0, M - len(d.tokens))) for d in drafts])
     anc = torch.stack([F.pad(d.block[1:, 1:], (0, M - len(d.tokens)) * 2) for d in drafts])  # [n, M, M]: i's path
+    return tree_greedy_paths(P, X, parent, depth, anc, table, rule, drafts[0].leaf_order)
+
+
+def tree_greedy_paths(P: Tensor, X: Tensor, parent: Tensor, depth: Tensor, anc: Tensor, table: Tensor | None,
+                      rule: AcceptRule, leaf_order: bool = False) -> tuple[Tensor, Tensor]:
+    """greedy_paths over trees given as tensors: X, parent, depth [n, M] (a node that is not drafted: depth 0) and
+    anc [n, M, M] (each node's ancestors and itself)."""
+    n, M = P.shape[0], P.shape[1] - 1
     rows = torch.arange(n, device=P.device)[:, None]
     ok = greedy_accept(P[rows, parent + 1], X.clamp(min=0), table, rule)
     reach = torch.where((anc & ~ok[:, None, :]).any(-1), 0, depth)  # padding: depth 0, on no path
     best = reach.argmax(-1)  # the first deepest: ties go to the higher-ranked branch
     top = reach.gather(1, best[:, None])  # [n, 1]
-    if rule.authors_ties and drafts[0].leaf_order:
+    if rule.authors_ties and leaf_order:
         leaf = anc.sum(1) == 1  # a node on no other node's path (its own row holds it once)
         row_reach = torch.where(anc, reach[:, None, :], 0).amax(-1)  # a leaf's row: its deepest accepted ancestor
         first = (leaf & (row_reach == top)).int().argmax(-1)

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from lantern.engine import compiled
 from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import ChainRounds, batch_probs, chain_drafts, in_rows, pack, ragged
-from lantern.engine.chain import accept_chains
+from lantern.engine.batched import DrafterRounds, batch_probs, chain_drafts, finish, in_rows, pack, ragged
+from lantern.engine.chain import Chain, accept_chains
 from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams
@@ -39,13 +39,13 @@ def graph_capturable(rule: AcceptRule) -> bool:
 
 def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
                 stream: Tensor | None, taken: Tensor, params: SamplingParams, table: Tensor | None,
-                rule: AcceptRule) -> Tensor:
+                rule: AcceptRule, drafting: Chain) -> Tensor:
     """One chain round for every image (the module docstring's state, updated in place). stream [B, M] each image's
     uniforms for the whole image, drawn ahead (None: greedy), of which the first taken [B] are used: the round reads
     the next 2 gamma + 1 and advances `taken` by what it used. Returns the accepted lengths a [B] (0 for finished
     images)."""
-    B, width = n.shape[0], pend_h.shape[1]
-    G, R, device = width - 1, pend_h.shape[0] // n.shape[0], n.device
+    B, G = n.shape[0], drafting.gamma
+    width, R, device = G + 1, pend_h.shape[0] // B, n.device
     N, T = target.args.image_tokens, target.args.cls_token_num
     live = n < N
     j = torch.arange(width, device=device)
@@ -76,17 +76,25 @@ def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: T
     return a
 
 
-class GraphChainRounds(ChainRounds):
-    """ChainRounds whose draft, verify and commit run as one compiled call (`chain_round`) per round. Every image's
-    uniforms for the whole image are drawn from its generator in the prefill and sent in one copy; the generator
-    is then advanced by what the image used, at the end. The host reads each round's accepted lengths one round
-    late: round r + 1 is queued before round r's lengths are read, so the host's launch overlaps the device's work;
-    the price is one round of padding after the batch's last (every image finished, nothing written)."""
+class GraphRounds(DrafterRounds):
+    """The rounds of a drafting kind whose whole round is one compiled call (`round_fn`: chain_round here,
+    tree_graph.static_tree_round), over the state the module docstring lists, pending catch-up width `width`.
+    Every image's uniforms for the whole image are drawn from its generator in the prefill and sent in one copy
+    (at most `per_round` a round, and every round makes a token); the generator is advanced by what the image used,
+    at the end. The host reads each round's accepted lengths one round late: round r + 1 is queued before round r's
+    lengths are read, so the host's launch overlaps the device's work; the price is one round of padding after the
+    batch's last (every image finished, nothing written). A subclass says what a round did to an image's stats
+    (`tally`) and how many uniforms it used beyond the accepted lengths' own (`round_fn`'s `taken`)."""
+
+    width: int  # the pending catch-up inputs kept per image (the longest accepted path + 1)
+    per_round: int  # the most uniforms one round uses
+    round_fn = None
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list:
         images = super().prefill(cond, generators, timer, cond_mask, True)
-        B, G, N, device = self.B, self.drafting.gamma, self.N, self.device
+        self.images = images
+        B, N, W, device = self.B, self.N, self.width, self.device
         R, T = images[0].pend_emb.shape[0], images[0].pend_emb.shape[1]
         kept = lambda name, shape, dtype: compiled.static_buffer(self.target, name, shape, dtype, device)  # noqa: E731
         with timer.section("other"):
@@ -96,30 +104,30 @@ class GraphChainRounds(ChainRounds):
                 zeros, full = torch.zeros(B, dtype=torch.long, device=device), torch.full((B,), T - 1, device=device)
                 pos, slots, visible = ragged(zeros, full, T - 1, R, self.drafter.cache_len)
                 self.drafter.forward_rows(emb[:, : T - 1], hidden[:, : T - 1], pos, slots, visible)
-            self.buf = kept("chain_buf", self.buf.shape, torch.long).copy_(self.buf)
-            self.n = kept("chain_n", (B,), torch.long).fill_(1)
-            self.pend_len = kept("chain_pend_len", (B,), torch.long).fill_(1)
-            self.pend_h = kept("chain_pend_h", (R * B, G + 1, hidden.shape[-1]), hidden.dtype)
+            self.buf = kept("graph_buf", (B, N + W + 1), torch.long)
+            self.buf[:, 0] = self.first
+            self.n = kept("graph_n", (B,), torch.long).fill_(1)
+            self.pend_len = kept("graph_pend_len", (B,), torch.long).fill_(1)
+            self.pend_h = kept("graph_pend_h", (R * B, W, hidden.shape[-1]), hidden.dtype)
             self.pend_h[:, 0] = hidden[:, T - 1]
-            self.taken = kept("chain_taken", (B,), torch.long)
+            self.taken = kept("graph_taken", (B,), torch.long)
             self.stream = None
-            if not self.params.greedy:  # at most 2 gamma + 1 a round, and every round makes a token
-                width = (N - 1) * (2 * G + 1)
+            if not self.params.greedy:
+                size = (N - 1) * self.per_round
                 self.states = [g.get_state() for g in generators]
-                u = torch.stack([torch.rand(width, generator=g, dtype=torch.float64) for g in generators])
-                self.stream = kept("chain_stream", (B, width + 2 * G + 1), torch.float64)
-                self.stream[:, :width].copy_(u)
+                u = torch.stack([torch.rand(size, generator=g, dtype=torch.float64) for g in generators])
+                self.stream = kept("graph_stream", (B, size + self.per_round), torch.float64)
+                self.stream[:, :size].copy_(u)
             pinned = device.type == "cuda"
             self.reads = [torch.zeros(B, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
             self.queued = None  # (the host buffer a queued round's lengths arrive in, its event)
-            self.used = [0] * B
         return images
 
     def round(self, images: list) -> None:
         """Queue one round of every image (the finished ones as padding), then read the one before it."""
-        step = compiled.compiled_step(chain_round, self.device)
+        step = compiled.compiled_step(type(self).round_fn, self.device)
         a = step(self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len, self.stream, self.taken,
-                 self.params, self.table, self.rule)
+                 self.params, self.table, self.rule, self.round_args())
         read = self.reads[0].copy_(a, non_blocking=True)
         self.reads.reverse()
         done = torch.cuda.Event() if self.device.type == "cuda" else None
@@ -130,29 +138,50 @@ class GraphChainRounds(ChainRounds):
         self.queued = (read, done)
 
     def account(self, read: Tensor, done) -> None:
-        """A round's accepted lengths (the round's one read) into the images' stats and their uniforms' count."""
+        """A round's accepted lengths (the round's one read) into the images' stats."""
         if done is not None:
             done.synchronize()
-        G, N = self.drafting.gamma, self.N
+        N = self.N
         for im, a_i in zip(self.images, read.tolist()):
             if im.n >= N:
                 continue
-            g = min(G, N - im.n)
             im.stats.target_forwards += 1
-            im.stats.drafter_forwards += g
             im.stats.accepted_per_step.append(a_i)
-            im.stats.tree_depth.append(g)
-            self.used[im.index] += g + min(a_i + 1, g) + (im.n + a_i < N)
+            self.tally(im, a_i)
             im.n = min(im.n + a_i + 1, N)
+
+    def round_args(self):
+        """The drafting kind's constant argument of round_fn."""
+        return self.drafting
+
+    def tally(self, im, a: int) -> None:
+        raise NotImplementedError
 
     def finish(self, images: list, timer: StepTimer):
         """The last queued round read (padding, or the last round if the loop ended elsewhere), each generator
-        advanced by the uniforms its image used, and the tokens copied out of the kept buffer."""
+        advanced by the uniforms its image used (`taken`, one read), and the tokens copied out of the kept
+        buffer."""
         if self.queued is not None:
             self.account(*self.queued)
         if self.stream is not None:
-            for g, state, used in zip((im.generator for im in self.images), self.states, self.used):
+            for g, state, used in zip((im.generator for im in self.images), self.states, self.taken.tolist()):
                 g.set_state(state)
                 torch.rand(used, generator=g, dtype=torch.float64)
-        self.buf = self.buf.clone()
-        return super().finish(images, timer)
+        self.drafter.clear_cache()
+        return finish(self.target, images, timer, self.buf[:, : self.N].clone())
+
+
+class GraphChainRounds(GraphRounds):
+    """Chain rounds (chain.py's drafts) as one compiled call each (`chain_round`)."""
+
+    round_fn = staticmethod(chain_round)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.width = self.drafting.gamma + 1
+        self.per_round = 2 * self.drafting.gamma + 1
+
+    def tally(self, im, a: int) -> None:
+        g = min(self.drafting.gamma, self.N - im.n)
+        im.stats.drafter_forwards += g  # the catch-up, then g - 1 steps
+        im.stats.tree_depth.append(g)

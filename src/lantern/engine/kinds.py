@@ -11,6 +11,8 @@ from lantern.engine.batched import ChainRounds
 from lantern.engine.batched_trees import TreeRounds
 from lantern.engine.chain import Chain
 from lantern.engine.chain_graph import GraphChainRounds, graph_capturable
+from lantern.engine.tree_graph import GraphTreeRounds
+from lantern.engine.trees import StaticTree
 from lantern.engine.jacobi import Jacobi, JacobiRounds
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams
@@ -18,12 +20,16 @@ from lantern.engine.sampling import SamplingParams
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
-    """compile: a chain whose rule verifies on the device runs each round as one compiled call (chain_graph.py)."""
+    """compile: a chain or static tree whose rule verifies on the device runs each round as one compiled call
+    (chain_graph.py, tree_graph.py)."""
     if isinstance(drafting, Jacobi):
         return JacobiRounds(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
-    if isinstance(drafting, Chain) and compile and graph_capturable(rule):
-        return GraphChainRounds(target, drafter, drafting, params, rule, table, B)
+    if compile and graph_capturable(rule):
+        if isinstance(drafting, Chain):
+            return GraphChainRounds(target, drafter, drafting, params, rule, table, B)
+        if isinstance(drafting, StaticTree):
+            return GraphTreeRounds(target, drafter, drafting, params, rule, table, B)
     kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
     return kind(target, drafter, drafting, params, rule, table, B)

@@ -19,8 +19,8 @@ class GpuPath:
 
 def free_read(t: torch.Tensor) -> bool:
     """Whether reading `t` into Python costs no device sync, so that a decoder may skip work it would do blindly on
-    a GPU: a CPU tensor, except under a sync counter."""
-    return t.device.type == "cpu" and not GpuPath.counting
+    a GPU: a CPU tensor, except under a sync counter or inside a compiled graph (where a read is a graph break)."""
+    return t.device.type == "cpu" and not GpuPath.counting and not torch.compiler.is_compiling()
 
 
 class StepTimer:

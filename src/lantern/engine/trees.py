@@ -168,9 +168,16 @@ class StaticTree(TreeShape):
         self.fanout = [max(len(self.children[i + 1]) for i in range(self.n) if len(paths[i]) == d) if d else
                        len(self.children[0]) for d in range(self.depth)] + [0]
         self._cut: dict[int, StaticTree] = {}
+        self._on: dict[torch.device, StaticTree] = {}
 
     def to(self, device) -> "StaticTree":
-        return self if torch.device(device) == self.device else StaticTree(self.paths, self.name, device)
+        """The shape on `device`, made once per device (a compiled round keys its graph on the shape object)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        if device not in self._on:
+            self._on[device] = StaticTree(self.paths, self.name, device)
+        return self._on[device]
 
     @property
     def max_rank(self) -> int:
