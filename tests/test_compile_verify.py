@@ -100,8 +100,8 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
 @pytest.mark.parametrize("kind, rule, steps", [
     ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}),
     ("chain", "coolsd", {"chain_drafts", "verify_step"}),
-    ("small", "lanternpp", {"static_tree_round"}), ("small", "coolsd", {"verify_step"}),
-    ("dynamic", "exact", {"verify_step"})])
+    ("small", "lanternpp", {"tree_round"}), ("small", "coolsd", {"verify_step"}),
+    ("dynamic", "exact", {"tree_round"})])
 def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
     """compile=True runs a chain's or a static tree's whole round (drafting, verify, acceptance, commit) as one
     compiled call (chain_graph.chain_round, tree_graph.static_tree_round) for rules that verify on the device; a

@@ -43,7 +43,7 @@ def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: T
     """One chain round for every image (the module docstring's state, updated in place). stream [B, M] each image's
     uniforms for the whole image, drawn ahead (None: greedy), of which the first taken [B] are used: the round reads
     the next 2 gamma + 1 and advances `taken` by what it used. Returns the accepted lengths a [B] (0 for finished
-    images)."""
+    images) and the drafts made, [B, 2]."""
     B, G = n.shape[0], drafting.gamma
     width, R, device = G + 1, pend_h.shape[0] // B, n.device
     N, T = target.args.image_tokens, target.args.cls_token_num
@@ -73,7 +73,7 @@ def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: T
     # the uniforms used: the drafts', the tried drafts', the next token's unless the drafts completed the image
     taken.add_(torch.where(live, gs + torch.minimum(a + 1, gs) + (n + a < N).long(), 0))
     n.copy_(torch.where(live, (n + a + 1).clamp(max=N), n))
-    return a
+    return torch.stack([a, gs], 1)
 
 
 class GraphRounds(DrafterRounds):
@@ -84,7 +84,7 @@ class GraphRounds(DrafterRounds):
     at the end. The host reads each round's accepted lengths one round late: round r + 1 is queued before round r's
     lengths are read, so the host's launch overlaps the device's work; the price is one round of padding after the
     batch's last (every image finished, nothing written). A subclass says what a round did to an image's stats
-    (`tally`) and how many uniforms it used beyond the accepted lengths' own (`round_fn`'s `taken`)."""
+    (`tally`, from the round's accepted lengths and deepest drafts, round_fn's [B, 2] result)."""
 
     width: int  # the pending catch-up inputs kept per image (the longest accepted path + 1)
     per_round: int  # the most uniforms one round uses
@@ -119,7 +119,7 @@ class GraphRounds(DrafterRounds):
                 self.stream = kept("graph_stream", (B, size + self.per_round), torch.float64)
                 self.stream[:, :size].copy_(u)
             pinned = device.type == "cuda"
-            self.reads = [torch.zeros(B, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+            self.reads = [torch.zeros(B, 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
             self.queued = None  # (the host buffer a queued round's lengths arrive in, its event)
         return images
 
@@ -142,19 +142,20 @@ class GraphRounds(DrafterRounds):
         if done is not None:
             done.synchronize()
         N = self.N
-        for im, a_i in zip(self.images, read.tolist()):
+        for im, (a_i, deepest) in zip(self.images, read.tolist()):
             if im.n >= N:
                 continue
             im.stats.target_forwards += 1
             im.stats.accepted_per_step.append(a_i)
-            self.tally(im, a_i)
+            self.tally(im, a_i, deepest)
             im.n = min(im.n + a_i + 1, N)
 
     def round_args(self):
         """The drafting kind's constant argument of round_fn."""
         return self.drafting
 
-    def tally(self, im, a: int) -> None:
+    def tally(self, im, a: int, deepest: int) -> None:
+        """The round's drafter forwards and deepest draft into the image's stats."""
         raise NotImplementedError
 
     def finish(self, images: list, timer: StepTimer):
@@ -181,7 +182,6 @@ class GraphChainRounds(GraphRounds):
         self.width = self.drafting.gamma + 1
         self.per_round = 2 * self.drafting.gamma + 1
 
-    def tally(self, im, a: int) -> None:
-        g = min(self.drafting.gamma, self.N - im.n)
-        im.stats.drafter_forwards += g  # the catch-up, then g - 1 steps
-        im.stats.tree_depth.append(g)
+    def tally(self, im, a: int, deepest: int) -> None:
+        im.stats.drafter_forwards += deepest  # the catch-up, then g - 1 steps for g drafts
+        im.stats.tree_depth.append(deepest)

@@ -12,7 +12,7 @@ from lantern.engine.batched_trees import TreeRounds
 from lantern.engine.chain import Chain
 from lantern.engine.chain_graph import GraphChainRounds, graph_capturable
 from lantern.engine.tree_graph import GraphTreeRounds
-from lantern.engine.trees import StaticTree
+from lantern.engine.trees import DynamicTree, StaticTree
 from lantern.engine.jacobi import Jacobi, JacobiRounds
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams
@@ -20,7 +20,7 @@ from lantern.engine.sampling import SamplingParams
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
-    """compile: a chain or static tree whose rule verifies on the device runs each round as one compiled call
+    """compile: a chain or a tree whose rule verifies on the device runs each round as one compiled call
     (chain_graph.py, tree_graph.py)."""
     if isinstance(drafting, Jacobi):
         return JacobiRounds(target, drafting, params, rule, table, B)
@@ -29,7 +29,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     if compile and graph_capturable(rule):
         if isinstance(drafting, Chain):
             return GraphChainRounds(target, drafter, drafting, params, rule, table, B)
-        if isinstance(drafting, StaticTree):
+        if isinstance(drafting, (StaticTree, DynamicTree)):
             return GraphTreeRounds(target, drafter, drafting, params, rule, table, B)
     kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
     return kind(target, drafter, drafting, params, rule, table, B)

@@ -23,16 +23,16 @@ from lantern.engine.chain_graph import GraphRounds
 from lantern.engine.drafter import Drafter
 from lantern.engine.model import GPT
 from lantern.engine.sampling import SamplingParams, draw
-from lantern.engine.trees import StaticTree, successive_draws
+from lantern.engine.trees import DynamicTree, StaticTree, successive_draws
 
 
 def tree_visible(Q: Tensor, block: Tensor, real: Tensor, cache_len: int) -> Tensor:
-    """[B, S, cache_len]: for each image's queries (block [S, m] over the tree slots Q .. Q + m - 1), the committed
+    """[B, S, cache_len]: for each image's queries (block [S, m] or [B, S, m] over the tree slots Q .. Q + m - 1), the committed
     slots < Q and their tree slots; nothing for the padding queries (real [B, S] False)."""
-    B, (S, m) = Q.shape[0], block.shape
+    B, (S, m) = Q.shape[0], block.shape[-2:]
     visible = (torch.arange(cache_len, device=Q.device) < Q[:, None])[:, None, :].expand(B, S, cache_len).clone()
     cols = (Q[:, None] + torch.arange(m, device=Q.device))[:, None, :].expand(B, S, m)
-    visible.scatter_(2, cols, block[None].expand(B, S, m))
+    visible.scatter_(2, cols, block.expand(B, S, m))
     return visible & real[..., None]
 
 
@@ -52,28 +52,42 @@ class TreeTensors:
                        for c in range(tree.depth + 1)]
 
 
-def static_tree_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
-                      stream: Tensor | None, taken: Tensor, params: SamplingParams, table: Tensor | None,
-                      rule: AcceptRule, shape: TreeTensors) -> Tensor:
-    """One round of a static tree for every image (chain_graph.py's state, updated in place; pend_h is D + 1 wide).
-    Returns the accepted lengths a [B] (0 for finished images)."""
-    tree = shape.tree
-    B, D, m = n.shape[0], tree.depth, tree.n
-    R, device = pend_h.shape[0] // B, n.device
-    N, T, L = target.args.image_tokens, target.args.cls_token_num, drafter.cache_len
-    live = n < N
-    cut = torch.where(live, (N - n).clamp(max=D), 0)  # the shape's depth this image drafts
-    Q = T + n - 1  # y's target position
-    # 1. catch-up over the pending inputs: the predicted state below y
-    j = torch.arange(D + 1, device=device)
+def catch_up(drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor, live: Tensor, T: int,
+             params: SamplingParams) -> tuple[Tensor, Tensor]:
+    """The drafter's catch-up over every image's pending inputs (chain_graph.py's state): the predicted state below
+    y [R * B, 1, d] and the root's distribution [B, 1, V]."""
+    B, W, device = n.shape[0], pend_h.shape[1], n.device
+    R, j = pend_h.shape[0] // B, torch.arange(W, device=device)
     lengths = torch.where(live, pend_len, 0)
     tokens = buf.gather(1, ((n - pend_len)[:, None] + j).clamp(0, buf.shape[1] - 1))
-    pos, slots, visible = ragged(T + n - pend_len - 1, lengths, D + 1, R, L)
+    pos, slots, visible = ragged(T + n - pend_len - 1, lengths, W, R, drafter.cache_len)
     out = drafter.forward_rows(in_rows(drafter.embed_tokens(tokens), R), pend_h, pos, slots, visible)
     last = (lengths - 1).clamp(min=0)
-    hidden = out.view(R, B, D + 1, -1)[:, torch.arange(B, device=device), last].reshape(R * B, 1, -1)
-    q = batch_probs(drafter.head(hidden), params, n[:, None])  # [B, 1, V]: the root's row
-    # 2. the tree, a level at a time
+    hidden = out.view(R, B, W, -1)[:, torch.arange(B, device=device), last].reshape(R * B, 1, -1)
+    return hidden, batch_probs(drafter.head(hidden), params, n[:, None])
+
+
+def tree_pass(drafter: Drafter, tokens: Tensor, hidden: Tensor, Q: Tensor, pos: int, slots: Tensor, anc: Tensor,
+              real: Tensor, index: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+    """One drafter pass over S nodes of every image's tree (trees.TreePass at fixed shapes): tokens [B, S] at
+    drafter position Q + pos, written to slots Q + slots ([S] or [B, S]), seeing the committed prefix and the tree
+    slots anc ([S, m] or [B, S, m]) from Q on, reading hidden [R * B, S, d]; padding where real [B, S] is False.
+    Returns the predicted states [R * B, S, d] and their distributions [B, S, V] at image-token index `index` [B]."""
+    B, S, L = tokens.shape[0], tokens.shape[1], drafter.cache_len
+    R = hidden.shape[0] // B
+    pos_ = torch.where(real, (Q + pos)[:, None], 0)
+    slots_ = torch.where(real, Q[:, None] + slots, L - 1)
+    out = drafter.forward_rows(in_rows(drafter.embed_tokens(tokens), R), hidden, in_rows(pos_, R),
+                               in_rows(slots_, R), in_rows(tree_visible(Q, anc, real, L), R))
+    return out, batch_probs(drafter.head(out), params, index[:, None].expand(-1, S))
+
+
+def static_growth(tree: StaticTree, shape: "TreeTensors", hidden: Tensor, q: Tensor, Q: Tensor, n: Tensor,
+                  cut: Tensor, stream: Tensor | None, taken: Tensor, drafter: Drafter, params: SamplingParams):
+    """A static shape grown a level at a time for every image (trees.StaticTree.growth; nodes past an image's cut
+    are grown too, as padding). Returns the tree (tokens X, whether each child may be offered ok, depth (0: not
+    drafted), parent, anc, kids, q_row, the drafter rows q or None, the growth's uniforms) for verify_and_commit."""
+    B, m, device = n.shape[0], tree.n, n.device
     X = torch.zeros(B, m, dtype=torch.long, device=device)
     ok = torch.ones(B, m, dtype=torch.bool, device=device)
     qs, offset = [q], taken + 0
@@ -81,7 +95,7 @@ def static_tree_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pen
         rows, width = q.shape[1], lvl.width
         if stream is None:
             top = q.topk(width, dim=-1).indices
-        else:  # successive draws without replacement, `width` uniforms per row (eager: trees.StaticTree.growth)
+        else:  # successive draws without replacement, `width` uniforms per row
             u = stream.gather(1, offset[:, None] + torch.arange(rows * width, device=device))
             top, mass = successive_draws(q.reshape(B * rows, -1), u.view(B * rows, width))
             top, mass = top.view(B, rows, width), mass.view(B, rows, width)
@@ -90,73 +104,168 @@ def static_tree_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pen
         X[:, lvl.lo : lvl.hi] = top[:, lvl.parent_row, lvl.rank]
         if not len(lvl.runners):
             break
-        S, real = len(lvl.runners), (d + 1 < cut)[:, None].expand(B, len(lvl.runners))  # runners inside the cut
-        pos = torch.where(real, (Q + d)[:, None], 0)
-        slots = torch.where(real, Q[:, None] + lvl.runners, L - 1)
-        visible = tree_visible(Q, lvl.runner_anc, real, L)
-        hidden = drafter.forward_rows(in_rows(drafter.embed_tokens(X[:, lvl.runners]), R),
-                                      hidden[:, lvl.runner_parent_row], in_rows(pos, R), in_rows(slots, R),
-                                      in_rows(visible, R))
-        q = batch_probs(drafter.head(hidden), params, (n + d + 1)[:, None].expand(-1, S))
+        real = (d + 1 < cut)[:, None].expand(B, len(lvl.runners))  # runners inside the cut
+        hidden, q = tree_pass(drafter, X[:, lvl.runners], hidden[:, lvl.runner_parent_row], Q, d, lvl.runners,
+                              lvl.runner_anc, real, n + d + 1, params)
         qs.append(q)
-    drafted = tree.depths[None, :] <= cut[:, None]  # [B, m]: the cut shape's nodes
-    ok = ok & drafted
-    # 3. verify [y, nodes]: RoPE positions Q + depth, slots Q .., the tree mask
+    drafted = tree.depths[None, :] <= cut[:, None]
+    grown = None if stream is None else shape.grown[cut]
+    return (X, ok & drafted, torch.where(drafted, tree.depths, 0), tree.parent.expand(B, m),
+            tree.anc.expand(B, m, m), shape.kids.expand(B, m + 1, -1), shape.q_row.expand(B, m + 1),
+            None if stream is None else torch.cat(qs, 1), grown)
+
+
+def dynamic_growth(tree: DynamicTree, hidden: Tensor, q: Tensor, Q: Tensor, n: Tensor, N: int, live: Tensor,
+                   drafter: Drafter, params: SamplingParams):
+    """EAGLE-2's expansions for every image (trees.DynamicTree.growth), always all of them: near an image's end,
+    where the eager growth runs fewer, the nodes deeper than its levels are left out of the kept set (scored
+    -inf, after every offered node, so the kept nodes and their order are the eager tree's, then padding).
+    Returns what static_growth returns (no drafter rows: the drafts are deterministic; no uniforms)."""
+    B, device = n.shape[0], n.device
+    k, m, E = tree.top_k, tree.total_tokens - 1, tree.depth
+    R = hidden.shape[0] // B
+    levels = torch.where(live, (N - n).clamp(max=E + 1), 0)  # the eager growth's levels for each image
+    eye = torch.eye(k, dtype=torch.bool, device=device)
+    score, tok = q[:, 0].log().topk(k)
+    c_tok, c_score = [tok], [score]
+    c_parent, c_depth = [torch.full((B, k), -1, device=device)], [torch.full((B, k), 1, device=device)]
+    front = torch.arange(k, device=device).expand(B, k)
+    hidden = hidden.expand(-1, k, -1)
+    anc = F.pad(eye, (0, E * k - k)).expand(B, k, E * k)
+    offered = k
+    for e in range(1, E + 1):
+        real = (e < levels)[:, None].expand(B, k)
+        hidden, q = tree_pass(drafter, tok, hidden, Q, e - 1, (e - 1) * k + torch.arange(k, device=device), anc,
+                              real, n + e, params)
+        ls, lt = q.log().topk(k, dim=-1)
+        cs = (score[:, :, None] + ls).flatten(1)
+        c_tok.append(lt.flatten(1))
+        c_score.append(cs)
+        c_parent.append(front.repeat_interleave(k, dim=1))
+        c_depth.append(torch.full((B, k * k), e + 1, device=device))
+        if e < E:
+            best = cs.topk(k).indices
+            par = best // k
+            front, tok, score = offered + best, lt.flatten(1).gather(1, best), cs.gather(1, best)
+            hidden = hidden.view(R, B, k, -1).gather(2, par[None, :, :, None].expand(R, B, k, hidden.shape[-1]))
+            hidden = hidden.reshape(R * B, k, -1)
+            anc = anc.gather(1, par[:, :, None].expand(B, k, E * k))
+            anc = anc | F.pad(eye, (e * k, (E - e - 1) * k))[None]
+        offered += k * k
+    depth = torch.cat(c_depth, 1)
+    scores = torch.where(depth <= levels[:, None], torch.cat(c_score, 1), float("-inf"))
+    keep = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :m].sort(1).values
+    n_kept = torch.clamp(k + (levels - 1) * k * k, max=m)  # how many of them the eager tree keeps
+    drafted = torch.arange(m, device=device) < n_kept[:, None]
+    renumber = torch.full((B, offered), -1, dtype=torch.long, device=device).scatter(
+        1, keep, torch.arange(m, device=device).expand(B, m))
+    up = torch.cat(c_parent, 1).gather(1, keep)
+    parent = torch.where(up >= 0, renumber.gather(1, up.clamp(min=0)), up)
+    depth = torch.where(drafted, depth.gather(1, keep), 0)
+    anc = torch.eye(m, dtype=torch.bool, device=device).expand(B, m, m)
+    for d in range(2, E + 2):  # a level at a time: the parents' rows are complete
+        parents = anc.gather(1, parent.clamp(min=0)[:, :, None].expand(B, m, m))
+        anc = torch.where((depth == d)[:, :, None], anc | parents, anc)
+    anc = anc & drafted[:, :, None] & drafted[:, None, :]
+    is_child = (parent[:, None, :] + 1 == torch.arange(m + 1, device=device)[None, :, None]) & drafted[:, None, :]
+    rank = torch.where(is_child, is_child.long().cumsum(2) - 1, k)
+    kids = torch.full((B, m + 1, k + 1), -1, dtype=torch.long, device=device).scatter(
+        2, rank, torch.arange(m, device=device).expand(B, m + 1, m))[:, :, :k]
+    X = torch.cat(c_tok, 1).gather(1, keep)
+    return X, drafted, depth, parent, anc, kids, torch.zeros(B, m + 1, dtype=torch.long, device=device), None, None
+
+
+def verify_and_commit(target: GPT, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor, stream: Tensor | None,
+                      taken: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule, live: Tensor,
+                      tree, fanout: list[int] | None, leaf_order: bool) -> Tensor:
+    """The target's verify over every image's [y, nodes] (`tree`: a growth's return), acceptance, the next token,
+    the accepted nodes' cache moves and the commit (chain_graph.py's state, updated in place). Returns [B, 2]: the
+    accepted lengths a (0 for finished images) and each tree's deepest node."""
+    X, ok, depth, parent, anc, kids, q_row, q, grown = tree
+    B, m, device = X.shape[0], X.shape[1], X.device
+    R, D = pend_h.shape[0] // B, pend_h.shape[1] - 1
+    N, T = target.args.image_tokens, target.args.cls_token_num
+    Q = T + n - 1
+    drafted = depth > 0
     real = torch.cat([live[:, None], drafted], 1)
+    block = F.pad(anc, (1, 0, 1, 0))  # trees._block for every image: [y, nodes], each row sees y
+    block[:, :, 0] = True
     seq = torch.cat([buf.gather(1, (n - 1)[:, None]), X], 1)
-    pos = torch.where(real, Q[:, None] + F.pad(tree.depths, (1, 0)), 0)
+    pos = torch.where(real, Q[:, None] + F.pad(depth, (1, 0)), 0)
     slots = torch.where(real, Q[:, None] + torch.arange(m + 1, device=device), target.cache_len - 1)
-    visible = tree_visible(Q, tree.block, real, target.cache_len)
     logits, hidden = target.forward_rows(target.embed_tokens(in_rows(seq, R)), in_rows(pos, R), in_rows(slots, R),
-                                         in_rows(visible, R))
-    P = batch_probs(logits, params, n[:, None] + F.pad(tree.depths, (1, 0)))
-    # 4. accept a path, draw the next token
+                                         in_rows(tree_visible(Q, block, real, target.cache_len), R))
+    P = batch_probs(logits, params, n[:, None] + F.pad(depth, (1, 0)))
     if stream is None:
-        depth = torch.where(drafted, tree.depths, 0)
-        path, p = tree_greedy_paths(P, X, tree.parent.expand(B, m), depth, tree.anc.expand(B, m, m), table, rule)
-        path, token, used = path[:, :D], p.argmax(-1), 0
+        path, p = tree_greedy_paths(P, X, parent, depth, anc, table, rule, leaf_order)
+        path, token = path[:, :D], p.argmax(-1)
     else:
-        kids, q_row = shape.kids.expand(B, m + 1, -1), shape.q_row.expand(B, m + 1)
-        start = taken + shape.grown[cut]  # after the cut shape's growth (levels past the cut drew from later ones)
+        start = taken + (0 if grown is None else grown)  # after the growth's uniforms
         u = stream.gather(1, start[:, None] + torch.arange(D * kids.shape[2] + 1, device=device))
-        path, p, used = walk(P, torch.cat(qs, 1), X, ok, kids, q_row, u, table, rule, D, tree.fanout)
+        path, p, used = walk(P, q, X, ok, kids, q_row, u, table, rule, D, fanout)
         token = draw(p, u.gather(1, used[:, None])[:, 0])
     a = torch.where(live, (path >= 0).sum(-1), 0)
-    # 5. commit: the accepted nodes' cache entries into slots Q + 1 .. Q + a, the tokens, the next catch-up
     cols = torch.arange(D, device=device)
     src = torch.where(cols < a[:, None], Q[:, None] + 1 + path.clamp(min=0), Q[:, None] + 1 + cols)
-    dst = Q[:, None] + 1 + cols
     rows = torch.arange(R * B, device=device)[:, None].expand(R * B, D).reshape(-1)
-    target.keep_rows(rows, in_rows(src, R).reshape(-1), in_rows(dst, R).reshape(-1))
+    target.keep_rows(rows, in_rows(src, R).reshape(-1), in_rows(Q[:, None] + 1 + cols, R).reshape(-1))
     drafts = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])
-    buf.scatter_(1, n[:, None] + j, drafts)  # past a finished image's end: buf's scratch columns
+    buf.scatter_(1, n[:, None] + torch.arange(D + 1, device=device), drafts)  # past an end: buf's scratch columns
     at = F.pad(path + 1, (1, 0)).clamp(min=0)
     pend_h.copy_(hidden.view(R, B, m + 1, -1)[:, torch.arange(B, device=device)[:, None], at].flatten(0, 1))
     pend_len.copy_(a + 1)
     if stream is not None:  # the growth's, the walk's, the next token's unless the drafts completed the image
-        taken.add_(torch.where(live, shape.grown[cut] + used + (n + a < N).long(), 0))
+        taken.add_(torch.where(live, start - taken + used + (n + a < N).long(), 0))
     n.copy_(torch.where(live, (n + a + 1).clamp(max=N), n))
-    return a
+    return torch.stack([a, torch.where(live, depth.amax(1), 0)], 1)
+
+
+def tree_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
+               stream: Tensor | None, taken: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule,
+               shape: "TreeTensors | DynamicTree") -> Tensor:
+    """One round of a static or dynamic tree for every image (chain_graph.py's state, updated in place; pend_h is
+    the tree's depth + 1 wide). Returns [B, 2]: the accepted lengths (0 for finished images), the deepest nodes."""
+    N, T = target.args.image_tokens, target.args.cls_token_num
+    live = n < N
+    Q = T + n - 1  # y's target position
+    hidden, q = catch_up(drafter, buf, n, pend_h, pend_len, live, T, params)
+    if isinstance(shape, TreeTensors):
+        tree, D = shape.tree, shape.tree.depth
+        cut = torch.where(live, (N - n).clamp(max=D), 0)  # the shape's depth this image drafts
+        grown = static_growth(tree, shape, hidden, q, Q, n, cut, stream, taken, drafter, params)
+        return verify_and_commit(target, buf, n, pend_h, pend_len, stream, taken, params, table, rule, live, grown,
+                                 tree.fanout, False)
+    grown = dynamic_growth(shape, hidden, q, Q, n, N, live, drafter, params)
+    return verify_and_commit(target, buf, n, pend_h, pend_len, stream, taken, params, table, rule, live, grown, None,
+                             True)
 
 
 class GraphTreeRounds(GraphRounds):
-    """Static-tree rounds (trees.StaticTree) as one compiled call each (`static_tree_round`)."""
+    """Static and dynamic tree rounds (trees.StaticTree, trees.DynamicTree) as one compiled call each
+    (`tree_round`)."""
 
-    round_fn = staticmethod(static_tree_round)
+    round_fn = staticmethod(tree_round)
 
-    def __init__(self, target, drafter, drafting: StaticTree, *args):
+    def __init__(self, target, drafter, drafting, *args):
         super().__init__(target, drafter, drafting, *args)
-        tree = drafting.to(self.device)
-        if not hasattr(tree, "graph_tensors"):
-            tree.graph_tensors = TreeTensors(tree)
-        self.shape = tree.graph_tensors
-        self.width = tree.depth + 1
-        self.per_round = int(self.shape.grown[-1]) + tree.depth * self.shape.kids.shape[1] + 1
+        if isinstance(drafting, StaticTree):
+            tree = drafting.to(self.device)
+            if not hasattr(tree, "graph_tensors"):
+                tree.graph_tensors = TreeTensors(tree)
+            self.shape, depth, C = tree.graph_tensors, tree.depth, tree.graph_tensors.kids.shape[1]
+            grown = int(self.shape.grown[-1])
+        else:
+            self.shape, depth, C, grown = drafting, drafting.depth + 1, drafting.top_k, 0
+        self.width = depth + 1
+        self.per_round = grown + depth * C + 1
 
     def round_args(self):
         return self.shape
 
-    def tally(self, im, a: int) -> None:
-        cut = min(self.shape.tree.depth, self.N - im.n)
-        im.stats.drafter_forwards += 1 + self.shape.passes[cut]  # the catch-up, then the growth's passes
-        im.stats.tree_depth.append(cut)
+    def tally(self, im, a: int, deepest: int) -> None:
+        if isinstance(self.shape, TreeTensors):
+            passes = self.shape.passes[min(self.shape.tree.depth, self.N - im.n)]
+        else:
+            passes = min(self.shape.depth + 1, self.N - im.n) - 1
+        im.stats.drafter_forwards += 1 + passes  # the catch-up, then the growth's passes
+        im.stats.tree_depth.append(deepest)
