@@ -58,8 +58,8 @@ def test_no_import_cycle():
 
 
 def test_the_speculative_loop_knows_no_drafting_kind():
-    deps = imports_cache["lantern.engine.speculative"]
-    assert not deps & {"lantern.engine.chain", "lantern.engine.trees", "lantern.engine.methods"}
+    deps = imports_cache["lantern.engine.decoding.speculative"]
+    assert not deps & {"lantern.engine.decoding.chain", "lantern.engine.decoding.trees", "lantern.engine.methods"}
 
 
 imports_cache = imports()

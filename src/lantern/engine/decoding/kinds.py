@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import ChainRounds
-from lantern.engine.batched_trees import TreeRounds
-from lantern.engine.chain import Chain
-from lantern.engine.chain_graph import GraphChainRounds, graph_capturable
-from lantern.engine.jacobi import Jacobi, JacobiRounds
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.rounds import ChainRounds
+from lantern.engine.decoding.tree_rounds import TreeRounds
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturable
+from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
+from lantern.engine.models.model import GPT
+from lantern.engine.decoding.sampling import SamplingParams
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,

@@ -35,15 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine import compiled
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import accept_chains
-from lantern.engine.drafter import Drafter
-from lantern.engine.generate import cfg_rows
-from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, Uniforms, next_tokens, row_probs
-from lantern.engine.stats import ImageStats, StepTimer
-from lantern.engine.trees import Draft
+from lantern.engine.decoding import compiled
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.models.drafter import Drafter
+from lantern.engine.decoding.generate import cfg_rows
+from lantern.engine.models.model import GPT, causal_mask
+from lantern.engine.decoding.sampling import SamplingParams, Uniforms, next_tokens, row_probs
+from lantern.engine.decoding.stats import ImageStats, StepTimer
+from lantern.engine.decoding.trees import Draft
 
 SCRATCH = 1  # spare cache slots past the real positions: where padded queries write
 
@@ -60,7 +60,7 @@ class Image:
     pend_emb: Tensor  # [R, S, d] drafter inputs at positions start.. start + S - 1
     pend_h: Tensor  # [R, S, d] the target's hidden states there
     stats: ImageStats
-    draft: Draft | None = None  # this round's tree (batched_trees.py)
+    draft: Draft | None = None  # this round's tree (tree_rounds.py)
     n: int = 1  # tokens decoded so far
 
 

@@ -26,11 +26,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
+from lantern.engine.models.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
 from lantern.params import check_feature_layers, check_layer_indices
 from lantern.io import load_torch, save_torch
-from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
+from lantern.engine.models.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
                                   precompute_rope_2d, row_mask, row_slots)
 
 FORMAT = DRAFTER_FORMAT

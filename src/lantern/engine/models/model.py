@@ -438,7 +438,7 @@ class GPT(nn.Module):
         return self.run(x, pos, mask, slots)
 
     def forward_rows(self, x: Tensor, pos: Tensor, slots: Tensor, visible: Tensor, rows: Tensor | None = None):
-        """Cached pass where every row has its own positions (batched speculative decoding, batched.py): x [b, S, dim]
+        """Cached pass where every row has its own positions (batched speculative decoding, rounds.py): x [b, S, dim]
         feeds the cache rows `rows` [b] (None: all rows, in order) at RoPE positions pos [b, S], written to slots
         [b, S]; visible [b, S, max_len]. Rows not in `rows` are neither read nor written."""
         key_valid = self.cache_key_valid if rows is None else self.cache_key_valid[rows]
