@@ -1,5 +1,5 @@
 """The speculative verify step with static shapes (rounds.target_forward, compile=True), and the chain's drafting
-(rounds.chain_drafts): every batched decoder at a fixed width over every image's rows gives the tokens of
+(chain_rounds.chain_drafts): every batched decoder at a fixed width over every image's rows gives the tokens of
 one-by-one decoding, eager (the padding alone, float64) and through torch.compile (inductor on CPU), and one graph
 serves every round of every batch of a shape."""
 import pytest

@@ -1,5 +1,5 @@
 """Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward; the rounds
-themselves are rounds.ChainRounds, which accepts every image's chain at once (`accept_chains`).
+themselves are chain_rounds.ChainRounds, which accepts every image's chain at once (`accept_chains`).
 
 draft: gamma drafter forwards, the first from the catch-up's predicted hidden state, each later one feeding the
 drafter its own predicted hidden state; every x_i is drawn from the drafter's CFG-mixed, temperature/top-k/top-p

@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lantern.engine.rules.acceptance import AcceptRule
-from lantern.engine.decoding.rounds import ChainRounds
+from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
 from lantern.engine.decoding.chain import Chain
 from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturable

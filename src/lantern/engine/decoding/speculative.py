@@ -12,7 +12,7 @@ decoding (the active ones):
    draft (a bonus token; none when the drafts completed the image); greedy takes the argmax. The accepted drafts'
    cache entries move into slots Q + 1 .. Q + a where they are not already there, and their true hidden states
    become the drafter's next catch-up inputs.
-The rounds of each kind: rounds.ChainRounds (chain.py's drafts), tree_rounds.TreeRounds (trees.py's static and
+The rounds of each kind: chain_rounds.ChainRounds (chain.py's drafts), tree_rounds.TreeRounds (trees.py's static and
 dynamic trees), jacobi.JacobiRounds. Every image draws from its own generator, so its tokens never depend on its
 batch: a batch of B gives each image the tokens it gets in a batch of 1 (exactly so in the float64 tests).
 The target's cache is indexed by position: entries past the accepted prefix are overwritten next round, never read.
@@ -39,7 +39,7 @@ PREFILL, FINISH = "lantern.prefill", "lantern.finish"  # profiler marks around w
 
 
 class Rounds(Protocol):
-    """A drafting kind's rounds over a batch (rounds.ChainRounds, tree_rounds.TreeRounds, jacobi.JacobiRounds):
+    """A drafting kind's rounds over a batch (chain_rounds.ChainRounds, tree_rounds.TreeRounds, jacobi.JacobiRounds):
     prefill (caches set up, the condition run, each image's first token drawn: the images), then per round draft,
     verify ((logits, hidden) [R * n, S, ...] in forward layout, rounds.pack) and commit (steps 1-3 for the active
     images), and finish (caches freed; tokens [B, N] and stats per image)."""
