@@ -1,4 +1,4 @@
-"""Batched speculative decoding (engine/batched.py, batched_trees.py, jacobi.py) against batched vanilla decoding,
+"""Batched speculative decoding (engine/decoding/rounds.py, tree_rounds.py, jacobi.py) against batched vanilla decoding,
 per image, one process.
 
     python benchmarks/bench_batched.py [--images 32] [--batch 1 8 32] [--target T.pt --drafter D.pt --vq VQ.pt]
@@ -25,17 +25,17 @@ import pandas as pd
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.checkpoint import load_gpt
-from lantern.engine.drafter import Drafter, load_drafter
-from lantern.engine.generate import generate
-from lantern.engine.jacobi import Jacobi
-from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.neighbours import nearest_neighbours, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
-from lantern.engine.trees import DynamicTree, static_tree
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.models.checkpoint import load_gpt
+from lantern.engine.models.drafter import Drafter, load_drafter
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.models.model import GPT, ModelArgs
+from lantern.engine.rules.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.trees import DynamicTree, static_tree
 
 TOY = Path("models/toy/default")
 # the toy world's target (models/toy/default/target.json), for random weights when its checkpoints are absent

@@ -26,16 +26,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.speculative import decode
-from lantern.engine.checkpoint import load_gpt, parse_device, parse_dtype
-from lantern.engine.drafter import Drafter, load_drafter
-from lantern.engine.generate import generate
-from lantern.engine.model import GPT, ModelArgs, named_args, num_params
-from lantern.engine.neighbours import nearest_neighbours, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.trees import static_tree
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.models.checkpoint import load_gpt, parse_device, parse_dtype
+from lantern.engine.models.drafter import Drafter, load_drafter
+from lantern.engine.decoding.generate import generate
+from lantern.engine.models.model import GPT, ModelArgs, named_args, num_params
+from lantern.engine.rules.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.trees import static_tree
 
 TOY = Path("models/toy/default/target.pt")
 METHODS = ["vanilla", "exact", "lantern", "exact-tree", "lanternpp-tree"]

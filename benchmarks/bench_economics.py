@@ -9,7 +9,7 @@ candidate toy shapes (--shape LAYERSxWIDTH, random weights, the toy world's toke
 the toy world for drafter / step <= 0.08 and a 5-position verify <= 1.3 x a step, as LlamaGen-XL's on a GPU.
 --rounds N then decodes the world's first N images alone (batch 1, CFG, sampling) with the exact chain, LANTERN
 (delta 0.1, k 3, the default point), with --trees also LANTERN++ (lam 5, k 100) on the static and the dynamic
-tree (each also with the full walk of its acceptance, as on a GPU, without batched_trees.settled's early exits),
+tree (each also with the full walk of its acceptance, as on a GPU, without tree_rounds.settled's early exits),
 with --exact-trees exact decoding and with --lanternpp-trees LANTERN++ (lam 5, k 100) on more static trees (a
 shape's name or its rank paths, as a sweep's `tree:`), and plain
 AR, image by image in turn, and prints what a round costs in one-token steps, split into drafting,
@@ -22,17 +22,17 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine.checkpoint import load_gpt, parse_device, parse_dtype
-from lantern.engine.drafter import Drafter, load_drafter
-from lantern.engine.model import GPT, ModelArgs, named_args, num_params
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.generate import generate
-from lantern.engine.neighbours import nearest_neighbours, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
-from lantern.engine.stats import GpuPath
-from lantern.engine.trees import DynamicTree, static_tree
+from lantern.engine.models.checkpoint import load_gpt, parse_device, parse_dtype
+from lantern.engine.models.drafter import Drafter, load_drafter
+from lantern.engine.models.model import GPT, ModelArgs, named_args, num_params
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.generate import generate
+from lantern.engine.rules.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.stats import GpuPath
+from lantern.engine.decoding.trees import DynamicTree, static_tree
 from lantern.errors import UserError
 from lantern.metrics.economics import ratios, round_costs, step_costs
 

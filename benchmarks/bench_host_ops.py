@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import host_ops  # noqa: E402
 from gpu_check import SPECS, World, batch  # noqa: E402
 
-from lantern.engine.model import ModelArgs  # noqa: E402
-from lantern.engine.sampling import SamplingParams  # noqa: E402
+from lantern.engine.models.model import ModelArgs  # noqa: E402
+from lantern.engine.decoding.sampling import SamplingParams  # noqa: E402
 
 TOY = dict(dim=128, n_layer=6, n_head=4, vocab_size=512, num_classes=16, image_tokens=64, multiple_of=64)
 

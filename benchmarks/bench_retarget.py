@@ -10,7 +10,7 @@ flow maximises; the exact-SD acceptance of a draft from q), the mean mass moved 
 surplus that its M largest surpluses hold, and the median time of a retarget call over 32 positions (the chain's
 batch-8 call), round-robin with the full flow's. Then the same for deterministic drafts (q the point mass on the
 drafter's argmax x, as greedy chains and top-k trees verify): the mass moved and how often x becomes p~'s argmax.
-engine/retarget.py's docstring quotes its output for SOURCES.
+engine/rules/retarget.py's docstring quotes its output for SOURCES.
 """
 
 import argparse
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from lantern.engine import methods
-from lantern.engine import retarget as module
-from lantern.engine.checkpoint import load_gpt
-from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.rules import retarget as module
+from lantern.engine.models.checkpoint import load_gpt
+from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.io import save_torch
 
 

@@ -18,14 +18,14 @@ import time
 import pandas as pd
 import torch
 
-from lantern.engine import chain as chain_module
+from lantern.engine.decoding import chain as chain_module
 from lantern.engine import methods as registry
-from lantern.engine.acceptance import accept_probability, residual
-from lantern.engine.checkpoint import load_gpt
-from lantern.engine.drafter import load_drafter
-from lantern.engine.neighbours import load_neighbours, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
+from lantern.engine.rules.acceptance import accept_probability, residual
+from lantern.engine.models.checkpoint import load_gpt
+from lantern.engine.models.drafter import load_drafter
+from lantern.engine.rules.neighbours import load_neighbours, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
 
 DELTAS = (0.1, 0.2, 0.4)
 COOL = ({"scale": 2.0, "nu": 0.0, "mu": 0.0}, {"scale": 4.0, "nu": 0.5, "mu": 0.0})

@@ -20,17 +20,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lantern.engine.checkpoint import load_gpt, parse_device
-from lantern.engine.drafter import load_drafter
+from lantern.engine.models.checkpoint import load_gpt, parse_device
+from lantern.engine.models.drafter import load_drafter
 from lantern.errors import UserError
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.io import atomic_path
 from lantern.engine import methods as registry
-from lantern.engine.speculative import decode
+from lantern.engine.decoding.speculative import decode
 
 DELTAS, KS, LAMS = (0.01, 0.05, 0.1, 0.2, 0.4), (1, 5, 10, 50), (2, 5, 10)
-# naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.engine.trees)
+# naive_extend_57: the LANTERN++ default; twin_chain_8: a CPU-sized shape (see lantern.engine.decoding.trees)
 STATIC_TREES = ("naive_extend_57", "twin_chain_8")
 DYNAMIC_TREES = {"59/4/10": {"total_tokens": 59, "depth": 4, "top_k": 10}}
 
@@ -75,7 +75,7 @@ def decoder(m: dict, params: SamplingParams, target, drafter, table):
 
 
 def read_table(path: str, vq: str | None, vocab: int, k: int) -> torch.Tensor:
-    from lantern.engine.neighbours import load_neighbours, read_codebook
+    from lantern.engine.rules.neighbours import load_neighbours, read_codebook
 
     if vq:
         return load_neighbours(path, read_codebook(vq), k)

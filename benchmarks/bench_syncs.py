@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.checkpoint import load_gpt
-from lantern.engine.drafter import Drafter, load_drafter
-from lantern.engine.generate import generate
-from lantern.engine.jacobi import Jacobi
-from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.neighbours import nearest_neighbours, read_codebook
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
-from lantern.engine.trees import DynamicTree, static_tree
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.models.checkpoint import load_gpt
+from lantern.engine.models.drafter import Drafter, load_drafter
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.models.model import GPT, ModelArgs
+from lantern.engine.rules.neighbours import nearest_neighbours, read_codebook
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.trees import DynamicTree, static_tree
 from lantern.syncs import SyncCounter
 
 TOY = Path("models/toy/default")

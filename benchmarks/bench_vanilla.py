@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from lantern.engine.checkpoint import parse_device, parse_dtype
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.model import GPT, named_args, num_params
+from lantern.engine.models.checkpoint import parse_device, parse_dtype
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.models.model import GPT, named_args, num_params
 
 
 def main():

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     import torch
 
     from lantern.engine.methods import normalize, point_name
-    from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
+    from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
     from lantern.io import atomic_path, save_torch
     from lantern.metrics.classifier import load_classifier
 

@@ -6,7 +6,7 @@ acceptance probability min(1, p(x) / q(x)), teacher-forced over the target's own
 The target draws --images samples (CFG --cfg, sampling, as the drafter trainer's self_generate with seed 123,
 labels cycling over the classes); at every image position the drafter then predicts from the true prefix and the
 target's true hidden states, as after a catch-up, so every draft here is a chain's first. Both distributions are the ones decoding verifies and
-draws from (batched.batch_probs: CFG-mixed and filtered). Each position's draft is drawn from q with a fixed
+draws from (rounds.batch_probs: CFG-mixed and filtered). Each position's draft is drawn from q with a fixed
 generator. Printed: the correlation of q(x) with the acceptance probability, their mean by bins of q(x), and the
 expected acceptance sum min(p, q). A chain that stopped drafting on an unsure draft would need this correlation.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine.batched import batch_probs
-from lantern.engine.checkpoint import load_gpt
-from lantern.engine.drafter import load_drafter, target_states
-from lantern.engine.sampling import SamplingParams, draw
+from lantern.engine.decoding.rounds import batch_probs
+from lantern.engine.models.checkpoint import load_gpt
+from lantern.engine.models.drafter import load_drafter, target_states
+from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.pipeline.train_drafter import self_generate
 
 BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 1.0)

@@ -4,9 +4,9 @@
         [--batch 1 8] [--tokens 256] [--budget-s 420] [--feature-layers L ...]
 
 1. compiled == eager: every decoder (plain AR and every drafting kind with the registry's rules) decodes a batch of
-   a random toy-shaped target with compile on (CUDA graphs, engine/compiled.py) and off, sampling and greedy, from
-   the same generators; the tokens must be equal (exit status 1 if not). --specs narrows steps 1 and 2 to some
-   decoders (a short lease); --sizes with no name skips step 3.
+   a random toy-shaped target with compile on (CUDA graphs, engine/decoding/compiled.py) and off, sampling and
+   greedy, from the same generators; the tokens must be equal (exit status 1 if not). --specs narrows steps 1 and 2
+   to some decoders (a short lease); --sizes with no name skips step 3.
 2. host syncs: torch.cuda.set_sync_debug_mode("warn") over one batch (B = 8, CFG, sampling) of every decoder
    (eager, so compilation does not count); the count of synchronizing CUDA calls and that count per round (target
    forwards after the prefill). CUDA reports the calls that block (.item(), .tolist(), nonzero, device->host
@@ -83,11 +83,11 @@ class World:
 
         import torch
 
-        from lantern.engine.checkpoint import save_checkpoint
-        from lantern.engine.drafter import Drafter, DrafterOptions, save_drafter
-        from lantern.engine.model import GPT
-        from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
-        from lantern.engine.vq import VQArgs, VQModel
+        from lantern.engine.models.checkpoint import save_checkpoint
+        from lantern.engine.models.drafter import Drafter, DrafterOptions, save_drafter
+        from lantern.engine.models.model import GPT
+        from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
+        from lantern.engine.models.vq import VQArgs, VQModel
         from lantern.io import save_torch
 
         torch.manual_seed(0)
@@ -108,7 +108,7 @@ class World:
     def decoder(self, spec: dict, params, compile: bool):
         """(cond, generators) -> (tokens, stats): plain AR or the registry's decoder of `spec`."""
         from lantern.engine import methods
-        from lantern.engine.generate import generate
+        from lantern.engine.decoding.generate import generate
 
         if spec["name"] == "vanilla":
             return lambda cond, gens: generate(self.target, cond, params, gens, compile=compile)
@@ -121,14 +121,14 @@ class World:
 def batch(world: World, B: int, seed: int = 0):
     import torch
 
-    from lantern.engine.sampling import image_generator
+    from lantern.engine.decoding.sampling import image_generator
 
     cond = torch.arange(B, device=world.device) % world.target.args.num_classes
     return cond, [image_generator(seed, i) for i in range(B)]
 
 
 def check_compiled_equals_eager(world: World, rows: list, smoke: bool, specs) -> bool:
-    from lantern.engine.sampling import SamplingParams
+    from lantern.engine.decoding.sampling import SamplingParams
 
     ok = True
     for mode, params in (("sampling", SamplingParams(cfg_scale=2.0)), ("greedy", SamplingParams(cfg_scale=2.0,
@@ -164,7 +164,7 @@ def synchronizing_calls(run, world: World, B: int) -> tuple[int, list]:
 
 
 def count_syncs(world: World, rows: list, smoke: bool, specs) -> None:
-    from lantern.engine.sampling import SamplingParams
+    from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0)
     for name in specs:
@@ -186,8 +186,8 @@ def upstream_ar(model, cond, params) -> None:
     device by torch.multinomial from the global CUDA generator, eager, no per-image generators."""
     import torch
 
-    from lantern.engine.generate import cfg_rows, decode_one_token, duplicate_for_cfg, prefill
-    from lantern.engine.sampling import logits_to_probs, mix_cfg
+    from lantern.engine.decoding.generate import cfg_rows, decode_one_token, duplicate_for_cfg, prefill
+    from lantern.engine.decoding.sampling import logits_to_probs, mix_cfg
 
     T, N = model.args.cls_token_num, model.args.image_tokens
     rows, rows_mask = cfg_rows(model, cond, params)
@@ -204,7 +204,7 @@ def upstream_ar(model, cond, params) -> None:
 def latency(args_of, sizes, batches, a, rows: list, device, dtype, started: float) -> None:
     import torch
 
-    from lantern.engine.sampling import SamplingParams
+    from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=4.0)
     chain = SPECS["chain-exact"]
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from lantern.engine.model import ModelArgs, named_args
+    from lantern.engine.models.model import ModelArgs, named_args
     from lantern.io import atomic_path
 
     started = time.perf_counter()

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import host_ops  # noqa: E402
 from gpu_check import SIZES, SMOKE_ARGS, SPECS, World, batch, synchronizing_calls, timed  # noqa: E402
 
-from lantern.engine.model import ModelArgs, named_args  # noqa: E402
-from lantern.engine.sampling import SamplingParams  # noqa: E402
+from lantern.engine.models.model import ModelArgs, named_args  # noqa: E402
+from lantern.engine.decoding.sampling import SamplingParams  # noqa: E402
 
 COLUMNS = ["date", "commit", "device", "torch", "size", "spec", "batch", "round_ms", "ar_ms_per_token",
            "round_in_ar_tokens", "syncs_per_round", "host_ops_per_round"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.engine.speculative import FINISH, PREFILL
+from lantern.engine.decoding.speculative import FINISH, PREFILL
 
 COMPILED = "Torch-Compiled Region"
 SKIPPED = (COMPILED, PREFILL, FINISH)  # inside a compiled frame, or a speculative decode's prefill and finish

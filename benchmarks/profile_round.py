@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import SIZES, SMOKE_ARGS, SPECS, World, batch, synchronizing_calls, timed  # noqa: E402
 
-from lantern.engine.model import ModelArgs, named_args  # noqa: E402
-from lantern.engine.sampling import SamplingParams  # noqa: E402
+from lantern.engine.models.model import ModelArgs, named_args  # noqa: E402
+from lantern.engine.decoding.sampling import SamplingParams  # noqa: E402
 from lantern.io import atomic_path  # noqa: E402
 
 

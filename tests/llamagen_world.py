@@ -20,9 +20,9 @@ import torch
 from PIL import Image
 
 from fake_t5 import write_tiny_t5
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.vq import VQArgs, VQModel
+from lantern.engine.models.checkpoint import save_checkpoint
+from lantern.engine.models.model import GPT, ModelArgs
+from lantern.engine.models.vq import VQArgs, VQModel
 
 GPT_SIZE = {"dim": 64, "n_layer": 2, "n_head": 2}
 VQ_ARGS = VQArgs(codebook_size=16384, codebook_embed_dim=8, ch=8, ch_mult=(1, 1, 2, 2, 4), z_channels=16,

@@ -4,7 +4,7 @@ about losslessness or the TV bound is checked analytically, plus one Monte-Carlo
 import pytest
 import torch
 
-from lantern.engine.acceptance import (
+from lantern.engine.rules.acceptance import (
     AcceptRule, accept_probability, after_rejection, greedy_accept, relaxed_mass, residual, sibling_budget,
     verify_candidates,
 )
@@ -463,7 +463,7 @@ def test_compact_int16_tables_give_the_same_answers(residual_mode):
 def test_residual_rows_equal_residual_row_by_row(residual_mode, with_q):
     """The device-side batched residual (chains accept every image at once) gives `residual`'s numbers, including
     rows with no relaxation (m* = 0) and rows left with no mass (the fallbacks)."""
-    from lantern.engine.acceptance import residual_rows
+    from lantern.engine.rules.acceptance import residual_rows
 
     g = torch.Generator().manual_seed(4)
     V, n = 12, 40
@@ -489,7 +489,7 @@ def test_device_draws_equal_sample_index():
     """sampling.draw (each row's uniform drawn ahead, Uniforms, then one draw on the device for all rows) picks
     sample_index's token for every row, zero-mass codes included; Uniforms.used leaves each generator where
     drawing one at a time leaves it."""
-    from lantern.engine.sampling import Uniforms, draw
+    from lantern.engine.decoding.sampling import Uniforms, draw
 
     g = torch.Generator().manual_seed(1)
     probs = torch.rand(300, 9, generator=g) ** 4

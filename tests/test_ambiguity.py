@@ -6,13 +6,13 @@ import torch
 from PIL import Image
 
 from lantern.metrics.ambiguity import AmbiguityParams, save_grid, step_stats, summarise
-from lantern.engine.checkpoint import save_checkpoint
+from lantern.engine.models.checkpoint import save_checkpoint
 from lantern.errors import UserError
-from lantern.engine.generate import cfg_rows, decode_one_token, duplicate_for_cfg, generate, prefill
-from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
-from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.decoding.generate import cfg_rows, decode_one_token, duplicate_for_cfg, generate, prefill
+from lantern.engine.decoding.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
+from lantern.engine.models.model import GPT, ModelArgs
 from lantern.worlds.toy.train_vq import VQParams
-from lantern.engine.vq import VQModel
+from lantern.engine.models.vq import VQModel
 
 
 @pytest.fixture(scope="module")

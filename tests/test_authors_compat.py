@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule, greedy_accept
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.drafter import load_drafter
-from lantern.engine.generate import cfg_rows
-from lantern.engine.model import apply_rope
-from lantern.engine.sampling import SamplingParams
-from lantern.engine.batched_trees import greedy_paths
-from lantern.engine.trees import Draft, _block
+from lantern.engine.rules.acceptance import AcceptRule, greedy_accept
+from lantern.engine.models.checkpoint import save_checkpoint
+from lantern.engine.models.drafter import load_drafter
+from lantern.engine.decoding.generate import cfg_rows
+from lantern.engine.models.model import apply_rope
+from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.tree_rounds import greedy_paths
+from lantern.engine.decoding.trees import Draft, _block
 from lantern.worlds.llamagen.convert import main as convert
 from test_convert import authors_drafter, reference_logits, write_drafter_folder
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
@@ -265,7 +265,7 @@ def test_converted_drafter_drafts_what_it_drafts_on_the_authors_side(tmp_path, d
 
 def test_pad_semantics_default_follows_the_drafter(tmp_path):
     """auto: the authors' semantics with a drafter converted from theirs, upstream's with ours or none."""
-    from lantern.engine.drafter import Drafter, save_drafter
+    from lantern.engine.models.drafter import Drafter, save_drafter
     from lantern.pipeline.sample import resolve_pad_semantics
 
     target = tiny_target("t2i")

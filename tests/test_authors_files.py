@@ -9,7 +9,7 @@ import torch
 import yaml
 from conftest import REPO, run_logged, tail
 
-from lantern.engine.checkpoint import extract_state_dict, read_checkpoint
+from lantern.engine.models.checkpoint import extract_state_dict, read_checkpoint
 from lantern.errors import UserError
 from lantern.pipeline.config import merge_config, validate_config
 from llamagen_world import GPT_SIZE, build_world

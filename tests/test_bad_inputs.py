@@ -28,8 +28,8 @@ import torch
 import yaml
 from PIL import Image
 
-from lantern.engine.drafter import FORMAT as DRAFTER_FORMAT
-from lantern.engine.neighbours import FORMAT as NEIGHBOURS_FORMAT, NeighbourParams, build_table, read_codebook
+from lantern.engine.models.drafter import FORMAT as DRAFTER_FORMAT
+from lantern.engine.rules.neighbours import FORMAT as NEIGHBOURS_FORMAT, NeighbourParams, build_table, read_codebook
 from lantern.pipeline.cli import main as cli
 from llamagen_world import GPT_SIZE, write_authors_drafter, write_gpt
 

@@ -1,5 +1,5 @@
-"""Batched chain speculative decoding (speculative.decode, engine/batched.py): every image decodes as it would alone
-(same tokens, rounds and stats as in a batch of one), per-row positions in the model, and exactness in
+"""Batched chain speculative decoding (speculative.decode, engine/decoding/rounds.py): every image decodes as it
+would alone (same tokens, rounds and stats as in a batch of one), per-row positions in the model, and exactness in
 distribution."""
 import copy
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
-from lantern.engine.model import causal_mask
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.models.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
+from lantern.engine.models.model import causal_mask
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
 from lantern.errors import UserError
 from tiny import assert_same_decodes, one_by_one, ragged_t2i, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target, trained  # noqa: F401 (fixtures)
 

@@ -1,13 +1,13 @@
-"""Batched speculative Jacobi decoding (engine/jacobi.py, speculative.decode): every image decodes as it
+"""Batched speculative Jacobi decoding (engine/decoding/jacobi.py, speculative.decode): every image decodes as it
 would alone (same tokens, iterations and stats as in a batch of one), and exactness in distribution."""
 import pytest
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.jacobi import Jacobi
-from lantern.engine.speculative import decode
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.errors import UserError
 from test_batched import TABLE
 from tiny import assert_same_decodes, one_by_one, chi_square_pvalue, exact_joint, gens, one_thread, tiny_target

@@ -1,19 +1,19 @@
-"""Batched draft-tree speculative decoding (engine/batched_trees.py): static and dynamic trees decode every image as
-a batch of one does (same tokens, rounds and stats; float64), and batched exact static
+"""Batched draft-tree speculative decoding (engine/decoding/tree_rounds.py): static and dynamic trees decode every
+image as a batch of one does (same tokens, rounds and stats; float64), and batched exact static
 trees sample the target's distribution."""
 import copy
 
 import pytest
 import torch
 
-from lantern.engine import batched_trees
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
-from lantern.engine.model import KVCache
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
-from lantern.engine.stats import GpuPath
-from lantern.engine.trees import DynamicTree, StaticTree, static_tree
+from lantern.engine.decoding import tree_rounds
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.models.drafter import AUTHORS_LLAMAGEN, Drafter, DrafterOptions
+from lantern.engine.models.model import KVCache
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.stats import GpuPath
+from lantern.engine.decoding.trees import DynamicTree, StaticTree, static_tree
 from lantern.errors import UserError
 from lantern.syncs import SyncCounter
 from test_batched import RULES, TABLE
@@ -140,14 +140,15 @@ def test_bad_calls(f64):
 @pytest.mark.parametrize("tree", ["naive_extend_57", "dynamic"])
 @pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp"])
 def test_cpu_walk_shortcut_changes_no_token(trained, monkeypatch, tree, rule):
-    """The sampled walk skips, on a CPU, the children and depths no tree can still reach (batched_trees.settled);
+    """The sampled walk skips, on a CPU, the children and depths no tree can still reach (tree_rounds.settled);
     the GPU path runs them all. Both give the same tokens and stats, bit for bit."""
     target, drafter = trained
     shape = static_tree(tree) if tree != "dynamic" else DynamicTree()
     cond = torch.arange(6) % target.args.num_classes
     run = lambda: decode(target, drafter, cond, SamplingParams(cfg_scale=2.0), RULES[rule], shape, gens(6, 2), TABLE)  # noqa: E731
     skipped = []
-    monkeypatch.setattr(batched_trees, "settled", lambda live, f=batched_trees.settled: skipped.append(f(live)) or skipped[-1])
+    monkeypatch.setattr(tree_rounds, "settled",
+                        lambda live, f=tree_rounds.settled: skipped.append(f(live)) or skipped[-1])
     cpu, cpu_stats = run()
     assert any(skipped)  # the shortcut really fired
     monkeypatch.setattr(GpuPath, "counting", 1)  # the GPU path

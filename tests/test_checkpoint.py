@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from lantern.engine.checkpoint import (
+from lantern.engine.models.checkpoint import (
     Found, extract_state_dict, load_gpt, load_weights, parse_spec, read_checkpoint, resolve_spec, save_checkpoint,
 )
 from lantern.errors import UserError
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.model import GPT, ModelArgs, named_args
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.models.model import GPT, ModelArgs, named_args
 
 
 def meta_gpt(args):

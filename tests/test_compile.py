@@ -1,4 +1,5 @@
-"""generate(..., compile=True) (engine/compiled.py) against eager decoding: the same tokens, fp32 on CPU (inductor).
+"""generate(..., compile=True) (engine/decoding/compiled.py) against eager decoding: the same tokens, fp32 on CPU
+(inductor).
 
 Every distinct (model shape, cache rows) costs one inductor compilation (~10 s cold on 2 cores), so the whole file
 uses five: the c2i target at 1, 2, 3 and 6 cache rows (B 1 and 3, CFG off and on) and the t2i target at 6.
@@ -9,9 +10,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from lantern.engine import compiled
-from lantern.engine.generate import cfg_rows, decode_step, generate, prefill
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.decoding import compiled
+from lantern.engine.decoding.generate import cfg_rows, decode_step, generate, prefill
+from lantern.engine.decoding.sampling import SamplingParams
 from lantern.errors import UserError
 from tiny import gens, tiny_target
 

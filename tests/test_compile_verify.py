@@ -1,16 +1,16 @@
-"""The speculative verify step with static shapes (batched.target_forward, compile=True), and the chain's drafting
-(batched.chain_drafts): every batched decoder at a fixed width over every image's rows gives the tokens of
+"""The speculative verify step with static shapes (rounds.target_forward, compile=True), and the chain's drafting
+(chain_rounds.chain_drafts): every batched decoder at a fixed width over every image's rows gives the tokens of
 one-by-one decoding, eager (the padding alone, float64) and through torch.compile (inductor on CPU), and one graph
 serves every round of every batch of a shape."""
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from lantern.engine import batched, compiled
-from lantern.engine.chain import Chain
-from lantern.engine.jacobi import Jacobi
-from lantern.engine.sampling import SamplingParams
-from lantern.engine.speculative import decode
+from lantern.engine.decoding import compiled, rounds
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.speculative import decode
 from test_batched import RULES, TABLE
 from test_batched_trees import TREES, f64  # noqa: F401 (fixture)
 from tiny import assert_same_decodes, gens, one_by_one as by_one, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
@@ -57,7 +57,7 @@ def test_static_width_jacobi_equals_one_by_one(static_eager, window):
 
 def test_static_width_t2i_ragged_caption_masks(static_eager):
     """The kept cache's key mask: left-padded captions, reused across two batches without leaking."""
-    from lantern.engine.drafter import DrafterOptions
+    from lantern.engine.models.drafter import DrafterOptions
 
     target, drafter, cond, mask = ragged_t2i(DrafterOptions())
     params = SamplingParams(cfg_scale=2.0)
@@ -71,9 +71,9 @@ def test_width_beyond_budget_is_refused(f64):
     target, drafter = f64
     target.setup_cache(2, extra=1)
     x = torch.zeros(2, 4, dtype=torch.long)
-    pos, slots, visible = batched.ragged(torch.tensor([1]), torch.tensor([4]), 4, 2, target.cache_len)
+    pos, slots, visible = rounds.ragged(torch.tensor([1]), torch.tensor([4]), 4, 2, target.cache_len)
     with pytest.raises(ValueError, match="exceeds the static width 3"):
-        batched.target_forward(target, None, x, pos, slots, visible, width=3)
+        rounds.target_forward(target, None, x, pos, slots, visible, width=3)
     target.clear_cache()
 
 
@@ -118,7 +118,7 @@ def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
 def test_kept_drafter_cache_is_the_same_buffers_in_a_fresh_state():
     """compiled.setup_static_cache on a drafter: the second batch reuses the first's tensors (fixed addresses for
     CUDA graphs), zeroed, with the new batch's caption mask and nothing of the old one."""
-    from lantern.engine.drafter import DrafterOptions
+    from lantern.engine.models.drafter import DrafterOptions
 
     _, drafter, _, mask = ragged_t2i(DrafterOptions())
     rows = torch.cat([mask, mask])
@@ -139,7 +139,7 @@ def test_compiled_draws_run_atens_cumsum_and_equal_eager_draws():
     """Inside a compiled graph the CDFs (the draw's float64 one, top-p's) are one opaque op running ATen's cumsum:
     inductor's split scan of 8 x 16384 float64 rows failed to generate code on CUDA (torch 2.11). Draws through
     inductor equal eager draws."""
-    from lantern.engine.sampling import draw, logits_to_probs
+    from lantern.engine.decoding.sampling import draw, logits_to_probs
 
     params = SamplingParams(top_p=0.9)
     fn = lambda logits, u: draw(logits_to_probs(logits, params), u)  # noqa: E731

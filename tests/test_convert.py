@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from lantern.engine.checkpoint import extract_state_dict, load_weights, read_checkpoint, save_checkpoint
-from lantern.engine.drafter import Drafter, load_drafter, target_states
+from lantern.engine.models.checkpoint import extract_state_dict, load_weights, read_checkpoint, save_checkpoint
+from lantern.engine.models.drafter import Drafter, load_drafter, target_states
 from lantern.errors import UserError
 from lantern.worlds.llamagen.convert import main
-from lantern.engine.model import GPT
+from lantern.engine.models.model import GPT
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from lantern.engine.checkpoint import load_gpt, read_checkpoint, save_checkpoint
-from lantern.engine.drafter import load_drafter
+from lantern.engine.models.checkpoint import load_gpt, read_checkpoint, save_checkpoint
+from lantern.engine.models.drafter import load_drafter
 from lantern.errors import UserError
 from lantern.worlds.llamagen.convert import main
 from test_convert import authors_drafter, hf_config, upstream_to_hf, write_hf_folder

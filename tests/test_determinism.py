@@ -1,4 +1,4 @@
-"""Deterministic CUDA kernels (engine/determinism.py): switched on for a CUDA device, left alone on a CPU, and
+"""Deterministic CUDA kernels (pipeline/determinism.py): switched on for a CUDA device, left alone on a CPU, and
 recorded in `lantern sample`'s manifest either way."""
 import json
 import os

@@ -168,7 +168,8 @@ def test_a_misspelt_subcommand_is_reported():
     text = "Run\n\n```\n.venv/bin/lantern methds   # list them\nlantern sample --help\n```\n"
     problems = doc_problems(text, ROOT / "README.md")
     assert len(problems) == 1 and "`.venv/bin/lantern methds`" in problems[0] and "README.md:4" in problems[0]
-    inline = doc_problems("see `lantern chek-config config/config.yaml` and `lantern.engine.model`", ROOT / "x.md")
+    inline = doc_problems("see `lantern chek-config config/config.yaml` and `lantern.engine.models.model`",
+                          ROOT / "x.md")
     assert len(inline) == 1 and "chek-config" in inline[0]
     wrapped = doc_problems("see `lantern\nchek-config`\n", ROOT / "x.md")
     assert len(wrapped) == 2 and all("wrapped" in p for p in wrapped), wrapped

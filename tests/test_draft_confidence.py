@@ -3,8 +3,8 @@ from q (a draft's acceptance probability averages to the expected acceptance sum
 import torch
 
 from conftest import benchmark_script
-from lantern.engine.drafter import Drafter
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.models.drafter import Drafter
+from lantern.engine.decoding.sampling import SamplingParams
 from lantern.pipeline.train_drafter import drafter_losses
 from tiny import tiny_target
 

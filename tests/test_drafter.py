@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lantern.engine.drafter import Drafter, load_drafter, save_drafter, target_states
+from lantern.engine.models.drafter import Drafter, load_drafter, save_drafter, target_states
 from lantern.pipeline.train_drafter import DrafterParams, drafter_losses, main, train_drafter
 from lantern.errors import UserError
 from tiny import one_thread, tiny_target  # noqa: F401 (fixtures)
@@ -55,7 +55,7 @@ def drafting_case(kind):
 @torch.no_grad()
 def test_cached_drafting_matches_the_uncached_pass(kind):
     d, T, mask, x, h = drafting_case(kind)
-    from lantern.engine.drafter import drafter_mask
+    from lantern.engine.models.drafter import drafter_mask
 
     full = d(x[:, 1:], h[:, :-1], drafter_mask(mask, x.shape[1] - 1))
     d.setup_cache(1, cond_mask=mask)
@@ -172,7 +172,7 @@ def test_bad_params(kw, needle):
 
 
 def test_cli(tmp_path, capsys):
-    from lantern.engine.checkpoint import save_checkpoint
+    from lantern.engine.models.checkpoint import save_checkpoint
 
     target = tiny_target()
     save_checkpoint(tmp_path / "gpt.pt", target, args=target.args.to_dict())
@@ -206,7 +206,7 @@ def test_cli(tmp_path, capsys):
 def test_unrolled_steps_match_cached_chain_drafting(kind):
     """Training's unrolled chain steps compute what decoding computes: a catch-up over the true states up to c,
     then steps fed the drafter's own predictions at c + 1, c + 2 through the cache."""
-    from lantern.engine.drafter import drafter_mask
+    from lantern.engine.models.drafter import drafter_mask
     from lantern.pipeline.train_drafter import unrolled
 
     d, T, mask, x, h = drafting_case(kind)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.drafter import load_drafter
+from lantern.engine.models.checkpoint import save_checkpoint
+from lantern.engine.models.drafter import load_drafter
 from lantern.pipeline.train_drafter import main as train_main, read_caption_features, real_data
 from lantern.errors import UserError
 from lantern.worlds.llamagen.images import center_crop, main as encode_main
-from lantern.engine.vq import VQArgs, VQModel
+from lantern.engine.models.vq import VQArgs, VQModel
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

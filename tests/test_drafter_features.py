@@ -6,11 +6,11 @@ import copy
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.chain import Chain
-from lantern.engine.drafter import Drafter, DrafterOptions, load_drafter, save_drafter, target_states
-from lantern.engine.sampling import SamplingParams, image_generator
-from lantern.engine.speculative import decode
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.models.drafter import Drafter, DrafterOptions, load_drafter, save_drafter, target_states
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.speculative import decode
 from lantern.errors import UserError
 from lantern.hparams import DrafterParams
 from lantern.params import check_feature_layers

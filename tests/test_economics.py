@@ -1,7 +1,7 @@
 """lantern.metrics.economics: the ratio arithmetic, and the timing harness on a tiny target and drafter."""
 import pytest
 
-from lantern.engine.drafter import Drafter
+from lantern.engine.models.drafter import Drafter
 from lantern.metrics.economics import StepCosts, ratios, round_costs, step_costs
 from tiny import tiny_target
 

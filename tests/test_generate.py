@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator, image_seed, logits_to_probs
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed, logits_to_probs
 from tiny import sample_index
-from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.models.model import GPT, ModelArgs
 
 
 def tiny_model(model_type="c2i"):

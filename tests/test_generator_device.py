@@ -9,7 +9,7 @@ import torch
 
 from draw_check import DrawOffGenerator, generator_device_check
 from lantern.engine import methods
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from tiny import one_thread, save_world, tiny_target  # noqa: F401 (fixture)
 
 SPECS = [
@@ -29,7 +29,7 @@ SPECS = [
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, one_thread):
-    from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
+    from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
     from lantern.io import save_torch
 
     root = save_world(tmp_path_factory.mktemp("world"), tiny_target())
@@ -61,7 +61,7 @@ def test_jacobi_greedy_refill_draws_on_the_generators_device(world):
 
 
 def test_plain_ar_draws_on_the_generators_device(one_thread):
-    from lantern.engine.generate import generate
+    from lantern.engine.decoding.generate import generate
 
     with generator_device_check() as mode:
         gens = [image_generator(0, i) for i in range(3)]

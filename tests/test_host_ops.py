@@ -16,7 +16,7 @@ gpu_check = benchmark_script("gpu_check")
 
 @pytest.fixture(scope="module")
 def world():
-    from lantern.engine.model import ModelArgs
+    from lantern.engine.models.model import ModelArgs
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -28,7 +28,7 @@ def world():
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy", [False, True])
 def test_a_compiled_chain_round_stays_within_the_bound(world, greedy):
-    from lantern.engine.sampling import SamplingParams
+    from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Speculative Jacobi decoding (engine/jacobi.py): exact in distribution, greedy == greedy AR, the registry's
+"""Speculative Jacobi decoding (engine/decoding/jacobi.py): exact in distribution, greedy == greedy AR, the registry's
 `jacobi` drafting kind (no drafter), and `lantern sample` on a Jacobi point."""
 import json
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.generate import generate
-from lantern.engine.jacobi import Jacobi
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.errors import UserError
 from lantern.pipeline.sample import main as sample
 from tiny import chi_square_pvalue, decode_one, one_by_one, exact_joint, gens, one_thread, save_world, tiny_target  # noqa: F401 (fixtures)

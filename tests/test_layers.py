@@ -1,11 +1,15 @@
 """The package's layers point one way and its modules import no cycle (read from the source, imports inside
 functions included): errors / io / params <- engine <- hparams <- worlds <- metrics <- pipeline <- figures
-(hparams: the jobs' hyperparameter classes, whose helpers build engine objects)."""
+(hparams: the jobs' hyperparameter classes, whose helpers build engine objects). Inside the engine, its rooms point
+one way too: models <- rules <- decoding <- methods (the registry)."""
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lantern"
 LAYERS = ["errors", "io", "params", "engine", "hparams", "worlds", "metrics", "pipeline", "figures"]
+# the engine's rooms, lower to higher: the networks and their files; the acceptance rules and the neighbour sets they
+# read; the decoding loops, their drafting kinds and rounds; the method registry (engine/methods.py) on top
+ENGINE_ROOMS = ["models", "rules", "decoding", "methods"]
 
 
 def module_name(path: Path) -> str:
@@ -35,6 +39,31 @@ def layer(module: str) -> int:
     return LAYERS.index(top) if top in LAYERS else len(LAYERS)  # __main__ and the package face sit on top
 
 
+def room(module: str) -> int:
+    """The engine room of lantern.engine.<room>[.<module>]; the package lantern.engine itself sits on top."""
+    parts = module.split(".")
+    return ENGINE_ROOMS.index(parts[2]) if len(parts) > 2 and parts[2] in ENGINE_ROOMS else len(ENGINE_ROOMS)
+
+
+def engine_modules() -> list[str]:
+    return [m for m in imports_cache if m.startswith("lantern.engine.")]
+
+
+def test_every_engine_module_sits_in_a_room():
+    assert [m for m in engine_modules() if m.split(".")[2] not in ENGINE_ROOMS] == []
+
+
+def test_engine_imports_only_point_down_the_rooms():
+    upward = [(m, i) for m in engine_modules() for i in imports_cache[m]
+              if i.startswith("lantern.engine.") and room(i) > room(m)]
+    assert upward == []
+
+
+def test_no_engine_module_is_named_after_a_past_design():
+    """Every drafting kind decodes a batch through the one loop: no module is named for being batched."""
+    assert [m for m in engine_modules() if m.rsplit(".", 1)[-1].startswith("batched")] == []
+
+
 def test_imports_only_point_down_the_layers():
     upward = [(m, i) for m, deps in imports().items() for i in deps if i != "lantern" and layer(i) > layer(m)]
     assert upward == []
@@ -58,8 +87,10 @@ def test_no_import_cycle():
 
 
 def test_the_speculative_loop_knows_no_drafting_kind():
-    deps = imports_cache["lantern.engine.speculative"]
-    assert not deps & {"lantern.engine.chain", "lantern.engine.trees", "lantern.engine.methods"}
+    deps = imports_cache["lantern.engine.decoding.speculative"]
+    kinds = {f"lantern.engine.decoding.{m}" for m in
+             ["chain", "trees", "jacobi", "chain_rounds", "tree_rounds", "chain_graph", "tree_shapes"]}
+    assert not deps & (kinds | {"lantern.engine.methods"})
 
 
 imports_cache = imports()

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import REPO, run_logged, tail
 
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.models.checkpoint import save_checkpoint
+from lantern.engine.models.model import GPT, ModelArgs
 from llamagen_world import GPT_SIZE, build_world, write_authors_drafter
 from test_llamagen_world import T2I_RECIPE, overlay
 

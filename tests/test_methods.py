@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule, relaxed_mass
+from lantern.engine.rules.acceptance import AcceptRule, relaxed_mass
 from lantern.engine.methods import K, RESIDUAL, Family, Param, decoder_spec, expand, mode_points, shape_key
-from lantern.engine.neighbours import main as neighbours
+from lantern.engine.rules.neighbours import main as neighbours
 from lantern.errors import UserError
 from lantern.pipeline.cli import main as cli
 from lantern.pipeline.config import expand_methods, validate_config

@@ -97,9 +97,9 @@ def test_train_clip_cli_with_vq_reconstructions(tmp_path, capsys):
     """The CLI end to end with a (random, tiny) VQ: reconstructions are made and trained on; outputs appear."""
     import dataclasses
 
-    from lantern.engine.checkpoint import save_checkpoint
+    from lantern.engine.models.checkpoint import save_checkpoint
     from lantern.worlds.toy.train_vq import VQParams
-    from lantern.engine.vq import VQModel
+    from lantern.engine.models.vq import VQModel
 
     args = VQParams().vq_args()
     save_checkpoint(tmp_path / "vq.pt", VQModel(args), args=dataclasses.asdict(args))

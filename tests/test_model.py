@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from lantern.errors import UserError
-from lantern.engine.generate import decode_one_token, prefill
-from lantern.engine.model import causal_mask
-from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.decoding.generate import decode_one_token, prefill
+from lantern.engine.models.model import causal_mask
+from lantern.engine.models.model import GPT, ModelArgs
 
 
 def tiny(model_type="c2i", **kw):

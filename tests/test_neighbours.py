@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import UserError
-from lantern.engine.neighbours import codebook_sha256, index_dtype, load_neighbours, main, nearest_neighbours, read_codebook
+from lantern.engine.rules.neighbours import (codebook_sha256, index_dtype, load_neighbours, main, nearest_neighbours,
+                                             read_codebook)
 
 
 def brute_force(cb, k, metric):

@@ -14,8 +14,8 @@ from PIL import Image
 
 from conftest import REPO
 from tiny import save_world, tiny_target
-from lantern.engine.checkpoint import read_checkpoint
-from lantern.engine.neighbours import NeighbourParams, build_table, read_codebook
+from lantern.engine.models.checkpoint import read_checkpoint
+from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
 from lantern.io import save_torch
 from lantern.metrics import train_clip
 from lantern.metrics.proximity import RANDOM, interchangeable_rank, replace

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from lantern.engine import methods
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.peers import CoolRule, GroupRule
-from lantern.engine.retarget import RetargetRule
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.rules.peers import CoolRule, GroupRule
+from lantern.engine.rules.retarget import RetargetRule
+from lantern.engine.decoding.sampling import SamplingParams
 from test_acceptance import rand_table
 from tiny import decode_one, gens, one_thread, trained  # noqa: F401 (fixtures)
 

@@ -1,12 +1,12 @@
-"""Cool-SD and GSD (engine/peers.py) on tiny vocabularies: hand cases, exactness when switched off (analytic and
+"""Cool-SD and GSD (engine/rules/peers.py) on tiny vocabularies: hand cases, exactness when switched off (analytic and
 chi-square), the annealing schedule along a chain, and the authors' residuals."""
 
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
+from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
 from lantern.engine.methods import normalize, rule as build_rule
-from lantern.engine.peers import CoolRule, GroupRule
+from lantern.engine.rules.peers import CoolRule, GroupRule
 from tiny import sample_index
 from lantern.errors import UserError
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv

@@ -1,4 +1,4 @@
-"""LANTERN-TV (engine/retarget.py): one relaxed target per position, TV <= delta for sampled drafts too.
+"""LANTERN-TV (engine/rules/retarget.py): one relaxed target per position, TV <= delta for sampled drafts too.
 
 Exact emitted distributions come from enumerating drafts (test_acceptance's helpers); the sampling path is checked
 by chi-square against p~, and TV(emitted, p) <= delta is checked on cases where bounded LANTERN breaks it."""
@@ -7,10 +7,10 @@ by chi-square against p~, and TV(emitted, p) <= delta is checked on cases where 
 import pytest
 import torch
 
-from lantern.engine.acceptance import (AcceptRule, accept_probability, greedy_accept, residual, residual_rows,
+from lantern.engine.rules.acceptance import (AcceptRule, accept_probability, greedy_accept, residual, residual_rows,
                                        verify_candidates)
 from lantern.engine.methods import normalize, rule as build_rule
-from lantern.engine.retarget import RetargetRule, live_edges, neighbour_edges, retarget
+from lantern.engine.rules.retarget import RetargetRule, live_edges, neighbour_edges, retarget
 from tiny import sample_index
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
 from test_rules_peers import simulate
@@ -131,7 +131,7 @@ def test_neighbour_csr_is_built_once_per_table_and_k():
     in place or gone; results are bit-identical to a first call on a fresh copy of the table."""
     import gc
 
-    from lantern.engine import retarget as module
+    from lantern.engine.rules import retarget as module
 
     g = torch.Generator().manual_seed(7)
     V, k = 12, 4

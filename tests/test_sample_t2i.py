@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from fake_t5 import TINY_T5_DIM, write_tiny_t5
-from lantern.engine.checkpoint import save_checkpoint
-from lantern.engine.drafter import Drafter, save_drafter
+from lantern.engine.models.checkpoint import save_checkpoint
+from lantern.engine.models.drafter import Drafter, save_drafter
 from lantern.errors import UserError
 from lantern.io import sha256_file
 from lantern.worlds.llamagen.captions import main as encode_captions, read_captions_file

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from lantern.engine.generate import decode_one_token, generate, prefill
-from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg, row_probs
+from lantern.engine.decoding.generate import decode_one_token, generate, prefill
+from lantern.engine.models.model import GPT, ModelArgs
+from lantern.engine.decoding.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg, row_probs
 from tiny import one_thread  # noqa: F401 (fixture)
 
 COND = torch.tensor([[1.0, 2.0, 3.0]])

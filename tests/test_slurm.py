@@ -210,7 +210,7 @@ def test_cuda_index_under_gpu_run_means_its_device(monkeypatch, capsys):
     gpu_run a missing index is still an error."""
     import torch
 
-    from lantern.engine.checkpoint import parse_device
+    from lantern.engine.models.checkpoint import parse_device
     from lantern.errors import UserError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

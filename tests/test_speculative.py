@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.drafter import Drafter, save_drafter
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.models.drafter import Drafter, save_drafter
 from lantern.errors import UserError
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.engine import methods
-from lantern.engine.chain import Chain
-from lantern.engine.speculative import decode
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.speculative import decode
 from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained, trained_fused  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,7 +125,7 @@ def test_rules_from_the_registry():
 
 
 def test_build_decoder(tmp_path, trained):
-    from lantern.engine.neighbours import build_table, NeighbourParams
+    from lantern.engine.rules.neighbours import build_table, NeighbourParams
 
     target, drafter = trained
     save_drafter(tmp_path / "d.pt", drafter)

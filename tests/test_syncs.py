@@ -40,7 +40,7 @@ def test_counts_host_data_sent_to_the_device():
 
 
 def test_a_timed_section_costs_no_sync():
-    from lantern.engine.stats import StepTimer
+    from lantern.engine.decoding.stats import StepTimer
 
     timer = StepTimer("cpu")
     with SyncCounter() as c:

@@ -4,9 +4,9 @@ classes apart from sampling?"""
 import pytest
 import torch
 
-from lantern.engine.generate import generate
-from lantern.engine.model import GPT, ModelArgs
-from lantern.engine.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.generate import generate
+from lantern.engine.models.model import GPT, ModelArgs
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.metrics.ambiguity import class_log_likelihoods, target_class_stats
 from lantern.worlds.toy.train_gpt import validation_loss
 

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from lantern.engine import vq
+from lantern.engine.models import vq
 from lantern.worlds.toy import tokenize
 from lantern.metrics import ambiguity
 from lantern.worlds.toy import data, train_gpt, train_vq
-from lantern.engine.checkpoint import load_gpt, read_checkpoint
+from lantern.engine.models.checkpoint import load_gpt, read_checkpoint
 from lantern.errors import UserError
 from lantern.worlds.toy.train_vq import cosine_lr
 

@@ -1,21 +1,21 @@
 import pytest
 import torch
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
-from lantern.engine.drafter import Drafter, target_states
+from lantern.engine.rules.acceptance import AcceptRule, accept_probability, after_rejection, sibling_budget
+from lantern.engine.models.drafter import Drafter, target_states
 from lantern.errors import UserError
-from lantern.engine.generate import decode_one_token, generate, prefill
-from lantern.engine.sampling import SamplingParams, image_generator, row_probs
-from lantern.engine.chain import Chain
+from lantern.engine.decoding.generate import decode_one_token, generate, prefill
+from lantern.engine.decoding.sampling import SamplingParams, image_generator, row_probs
+from lantern.engine.decoding.chain import Chain
 from lantern.engine.methods import drafting, normalize
-from lantern.engine.speculative import decode
+from lantern.engine.decoding.speculative import decode
 from lantern.pipeline.tables import accepted_mask
-from lantern.engine.trees import (
+from lantern.engine.decoding.trees import (
     Draft, DynamicTree, StaticTree, static_tree, validate_tree_paths,
 )
-from lantern.engine.batched import SCRATCH, Image
-from lantern.engine.batched_trees import TreeRounds
-from lantern.engine.stats import ImageStats
+from lantern.engine.decoding.rounds import SCRATCH, Image
+from lantern.engine.decoding.tree_rounds import TreeRounds
+from lantern.engine.decoding.stats import ImageStats
 from tiny import chi_square_pvalue, decode_one, exact_joint, gens, one_thread, tiny_target, trained, trained_fused  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,7 +229,7 @@ def test_tree_verification_and_compaction_match_full_forward(trained):
 
 
 def grow_one(target, drafter, tree, params, x, h, prefix, generator):
-    """The tree batched_trees.TreeRounds grows for one image after `prefix`, its drafter catching up on the target's
+    """The tree tree_rounds.TreeRounds grows for one image after `prefix`, its drafter catching up on the target's
     inputs and hidden states (x, h)."""
     im = Image(0, generator, prefix.tolist(), target.args.cls_token_num + len(prefix) - 1, 0, x[:, 1:], h[:, :-1],
                ImageStats(n_tokens=target.args.image_tokens, target_forwards=1))
@@ -340,9 +340,9 @@ def test_relaxed_dynamic_tree_keeps_the_per_step_tv_bound():
 
 # -- routing from a sweep method ----------------------------------------------------------------------------------
 def test_build_decoder_routes_trees(tmp_path, trained):
-    from lantern.engine.drafter import save_drafter
+    from lantern.engine.models.drafter import save_drafter
     from lantern.engine.methods import build_decoder
-    from lantern.engine.neighbours import NeighbourParams, build_table
+    from lantern.engine.rules.neighbours import NeighbourParams, build_table
 
     target, drafter = trained
     save_drafter(tmp_path / "d.pt", drafter)
@@ -406,7 +406,7 @@ def test_dynamic_tree_is_eagle2_selection(trained):
 
 @pytest.mark.parametrize("name", ["naive_extend_57", "twin_chain_8"])
 def test_fanout_is_the_most_children_at_each_depth(name):
-    """StaticTree.fanout, which bounds a sampled walk's tries per depth (batched_trees.walk), counted from the rank
+    """StaticTree.fanout, which bounds a sampled walk's tries per depth (tree_rounds.walk), counted from the rank
     paths: a node at depth d has as many children as paths extend it by one rank."""
     from collections import Counter
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lantern.pipeline.train_drafter import DrafterParams, self_generate, train_drafter
-from lantern.engine.sampling import image_generator, logits_to_probs, mix_cfg
-from lantern.engine.model import GPT, ModelArgs
+from lantern.engine.decoding.sampling import image_generator, logits_to_probs, mix_cfg
+from lantern.engine.models.model import GPT, ModelArgs
 
 
 def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
@@ -28,9 +28,9 @@ def save_world(root, target):
     """target.pt, drafter.pt (an untrained drafter for `target`) and vq.pt (a random 16-code VQ) under root."""
     import dataclasses
 
-    from lantern.engine.checkpoint import save_checkpoint
-    from lantern.engine.drafter import Drafter, save_drafter
-    from lantern.engine.vq import VQArgs, VQModel
+    from lantern.engine.models.checkpoint import save_checkpoint
+    from lantern.engine.models.drafter import Drafter, save_drafter
+    from lantern.engine.models.vq import VQArgs, VQModel
 
     save_checkpoint(root / "target.pt", target, args=target.args.to_dict())
     save_drafter(root / "drafter.pt", Drafter.from_target(target))
@@ -55,7 +55,7 @@ def assert_same_decodes(got, stats, want, want_stats, n_tokens: int) -> None:
 def ragged_t2i(options):
     """A float64 t2i target, its drafter (`options`) with random weights so that its drafts depend on the captions
     it sees, and 4 caption conditions [4, 5, 12] with differently left-padded masks [4, 5]."""
-    from lantern.engine.drafter import Drafter
+    from lantern.engine.models.drafter import Drafter
 
     target = tiny_target("t2i").double()
     drafter = Drafter.from_target(target, options).eval().double()
@@ -136,7 +136,7 @@ def trained_fused(one_thread):
 
 def decode_one(target, drafter, cond, params, rule, drafting, generator, table=None, cond_mask=None):
     """One image (cond [1] or [1, T, C]) through speculative.decode as a batch of one: (tokens [N], stats)."""
-    from lantern.engine.speculative import decode
+    from lantern.engine.decoding.speculative import decode
 
     tokens, (stats,) = decode(target, drafter, cond, params, rule, drafting, [generator], table, cond_mask)
     return tokens[0], stats

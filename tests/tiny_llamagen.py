@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lantern.engine.vq import VQArgs, VQModel
+from lantern.engine.models.vq import VQArgs, VQModel
 from upstream_llamagen import ModelArgs, Transformer
 
 SIZE = {"dim": 64, "n_layer": 2, "n_head": 2}  # no named LlamaGen size: loading it names this as gpt_size
@@ -39,8 +39,8 @@ def tiny_vq() -> VQModel:
 
 def write_files(root: Path) -> dict[str, str]:
     """c2i_tiny.pt, vq_tiny.pt, drafter_tiny.pt and authors_drafter/ under root; their paths by llamagen key."""
-    from lantern.engine.checkpoint import load_gpt, save_checkpoint
-    from lantern.engine.drafter import Drafter, save_drafter
+    from lantern.engine.models.checkpoint import load_gpt, save_checkpoint
+    from lantern.engine.models.drafter import Drafter, save_drafter
     from llamagen_world import write_authors_drafter
 
     root.mkdir(parents=True, exist_ok=True)
@@ -82,8 +82,8 @@ def write_released_like(root: Path) -> dict[str, str]:
     """Stand-ins for the released files docs/python.md names: the GPT as upstream ships it ({"model": state_dict},
     no config), the VQ (its small widths as an `args` entry), a drafter of this project for the GPT, and the
     LANTERN authors' drafter layout."""
-    from lantern.engine.checkpoint import load_gpt, save_checkpoint
-    from lantern.engine.drafter import Drafter, save_drafter
+    from lantern.engine.models.checkpoint import load_gpt, save_checkpoint
+    from lantern.engine.models.drafter import Drafter, save_drafter
     from llamagen_world import VQ_ARGS, write_authors_drafter
 
     root.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ class World:
     def __init__(self, name: str, target: nn.Module, vq: nn.Module, drafter: nn.Module | None = None,
                  neighbours: Tensor | None = None, max_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
                  class_names: Sequence[str] | None = None, t5: tuple | None = None):
-        from lantern.engine.neighbours import NeighbourParams
+        from lantern.engine.rules.neighbours import NeighbourParams
 
         NeighbourParams(metric=metric)  # l2 or cosine, with the config's message
         self.name, self.target, self.vq, self.drafter = name, target, vq, drafter
@@ -72,7 +72,7 @@ class World:
             raise UserError(f"the method reads {width} neighbours per code, but this world's table holds "
                             f"max_k = {self.max_k}; load it with neighbours_k >= {width}")
         if self._table is None:
-            from lantern.engine.neighbours import nearest_neighbours
+            from lantern.engine.rules.neighbours import nearest_neighbours
 
             codebook = self.vq.quantize.embedding.weight.detach()
             self._table = nearest_neighbours(codebook, self.max_k, self.metric).to(self.device)
@@ -131,7 +131,7 @@ class Images:
 
 # -- loading ----------------------------------------------------------------------------------------------------
 def _placement(device: str, dtype: str) -> torch.device:
-    from lantern.engine.checkpoint import parse_device, parse_dtype
+    from lantern.engine.models.checkpoint import parse_device, parse_dtype
     from lantern.pipeline.determinism import configure
 
     parse_dtype(dtype)
@@ -146,9 +146,9 @@ def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", nei
     codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). On CUDA it
     turns on the pipeline's deterministic kernels for the process (pipeline/determinism.py), as `load_llamagen`
     does. Returns a `World`."""
-    from lantern.engine.checkpoint import load_gpt
-    from lantern.engine.drafter import load_drafter
-    from lantern.engine.vq import load_vq
+    from lantern.engine.models.checkpoint import load_gpt
+    from lantern.engine.models.drafter import load_drafter
+    from lantern.engine.models.vq import load_vq
     from lantern.hparams import CLASS_NAMES
 
     if name != "toy":
@@ -190,8 +190,8 @@ def _gpt(source, spec: dict, dtype: str, where: torch.device):
     the object's state dict goes through the same shape checks and key mapping as a file (no file round trip)."""
     from dataclasses import replace
 
-    from lantern.engine.checkpoint import load_gpt, load_weights, no_init, parse_spec, target_args
-    from lantern.engine.model import GPT
+    from lantern.engine.models.checkpoint import load_gpt, load_weights, no_init, parse_spec, target_args
+    from lantern.engine.models.model import GPT
 
     if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
         return _authors_gpt(Path(source), spec, dtype, where)
@@ -221,7 +221,7 @@ def _gpt(source, spec: dict, dtype: str, where: torch.device):
     with no_init():
         model = GPT(args)
     load_weights(model, {k: v.detach() for k, v in sd.items()}, what)
-    from lantern.engine.checkpoint import parse_dtype
+    from lantern.engine.models.checkpoint import parse_dtype
 
     return model.to(device=where, dtype=parse_dtype(dtype)).eval()
 
@@ -232,8 +232,8 @@ def _authors_gpt(folder: Path, spec: dict, dtype: str, where: torch.device):
     and RoPE base kept."""
     from dataclasses import replace
 
-    from lantern.engine.checkpoint import load_weights, no_init, parse_dtype, parse_spec, target_args
-    from lantern.engine.model import GPT
+    from lantern.engine.models.checkpoint import load_weights, no_init, parse_dtype, parse_spec, target_args
+    from lantern.engine.models.model import GPT
     from lantern.worlds.llamagen.convert import (check_stated_tokens, check_target, config_numerics, config_spec,
                                                  read_hf, target_state_dict)
 
@@ -258,7 +258,7 @@ def _authors_gpt(folder: Path, spec: dict, dtype: str, where: torch.device):
 
 def _vq_args_of(model: nn.Module, sd: dict):
     """VQArgs of an upstream VQModel object, read from its tensors' shapes and its GroupNorm layers."""
-    from lantern.engine.vq import VQArgs, encoder_levels
+    from lantern.engine.models.vq import VQArgs, encoder_levels
 
     levels = encoder_levels(sd)
     if not levels:
@@ -282,8 +282,8 @@ def _vq_args_of(model: nn.Module, sd: dict):
 
 def _vq(source, where: torch.device):
     """A VQ from a file, or a VQModel object in memory (ours, or upstream's: its config read from its tensors)."""
-    from lantern.engine.checkpoint import load_weights, no_init
-    from lantern.engine.vq import VQModel, load_vq
+    from lantern.engine.models.checkpoint import load_weights, no_init
+    from lantern.engine.models.vq import VQModel, load_vq
 
     if not isinstance(source, nn.Module):
         return load_vq(_file(source, "vq_ckpt"), device=str(where))
@@ -322,7 +322,7 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
 
     gpt_ckpt: an upstream GPT file (c2i_B_256.pt ...), a file of this project, the LANTERN authors' HF-format target
     folder (converted in memory), or the GPT object itself (upstream's `Transformer`, or a
-    `lantern.engine.model.GPT`), mapped through the same checks as a file; vq_ckpt: the VQ file
+    `lantern.engine.models.model.GPT`), mapped through the same checks as a file; vq_ckpt: the VQ file
     or object (upstream's `VQModel`). drafter_ckpt: a drafter of this project (`lantern train-drafter`, `lantern
     convert`); authors_drafter: the LANTERN authors' drafter folder (config.json + weights), converted in memory.
     neighbours: a table from `lantern neighbours` (else built from the codebook on first use, `neighbours_k`
@@ -331,8 +331,8 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     target spec, checked against the weights (an upstream file carries no config). t5: a local flan-t5 folder, for
     t2i prompts given as text. Returns a `World`.
     """
-    from lantern.engine.drafter import load_drafter
-    from lantern.engine.neighbours import load_neighbours
+    from lantern.engine.models.drafter import load_drafter
+    from lantern.engine.rules.neighbours import load_neighbours
     from lantern.io import load_torch
 
     if drafter_ckpt and authors_drafter:
@@ -373,7 +373,7 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
         metric = stored.get("metric", metric)
     t5_models = None
     if t5:
-        from lantern.engine.checkpoint import parse_dtype
+        from lantern.engine.models.checkpoint import parse_dtype
         from lantern.worlds.llamagen.captions import load_t5
 
         if target.args.model_type != "t2i":
@@ -416,7 +416,7 @@ def method_spec(method: str | dict, max_k: int | None = None, **params: Any) -> 
 
 
 def _sampling(sampling: dict | None, mode: str):
-    from lantern.engine.sampling import SamplingParams
+    from lantern.engine.decoding.sampling import SamplingParams
     from lantern.params import params_from
     from lantern.pipeline.sample import GREEDY
 
@@ -489,10 +489,10 @@ def _decoder(world: World, spec: dict, params, compile: bool):
     from lantern.engine.methods import drafting, needs_drafter, rule, speculative
 
     if not speculative(spec):
-        from lantern.engine.generate import generate as ar
+        from lantern.engine.decoding.generate import generate as ar
 
         return lambda cond, gens, mask: ar(world.target, cond, params, gens, mask, compile=compile)
-    from lantern.engine.speculative import decode
+    from lantern.engine.decoding.speculative import decode
 
     if needs_drafter(spec) and world.drafter is None:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter; load the world with "
@@ -522,9 +522,9 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
-    from lantern.engine.compiled import resolve
+    from lantern.engine.decoding.compiled import resolve
     from lantern.engine.methods import point_name
-    from lantern.engine.sampling import image_generator, image_seed
+    from lantern.engine.decoding.sampling import image_generator, image_seed
     from lantern.pipeline.progress import Progress
     from lantern.pipeline.sample import aligned_batches, to_uint8
 

@@ -13,9 +13,9 @@ from lantern.errors import UserError
 from lantern.params import check_layer_indices, check_threads
 
 if TYPE_CHECKING:
-    from lantern.engine.model import ModelArgs
-    from lantern.engine.sampling import SamplingParams
-    from lantern.engine.vq import VQArgs
+    from lantern.engine.models.model import ModelArgs
+    from lantern.engine.decoding.sampling import SamplingParams
+    from lantern.engine.models.vq import VQArgs
 
 # Ordered most distinct first, so that a world of the first n classes is as separable as n classes can be at
 # 8 x 8 tokens: the order greedily adds the class that keeps a 16-class target's Bayes accuracy highest (issue #31).
@@ -79,7 +79,7 @@ class VQParams:
     seed: int = 0
 
     def vq_args(self) -> VQArgs:
-        from lantern.engine.vq import VQArgs
+        from lantern.engine.models.vq import VQArgs
 
         names = {f.name for f in dataclasses.fields(VQArgs)}
         try:
@@ -132,7 +132,7 @@ class GPTParams:
             raise UserError(f"GPTParams class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
 
     def model_args(self, vocab_size: int, image_tokens: int) -> ModelArgs:
-        from lantern.engine.model import ModelArgs
+        from lantern.engine.models.model import ModelArgs
 
         return ModelArgs(dim=self.dim, n_layer=self.n_layer, n_head=self.n_head, vocab_size=vocab_size,
                          num_classes=self.num_classes, image_tokens=image_tokens, multiple_of=self.multiple_of,
@@ -284,6 +284,6 @@ class AmbiguityParams:
             raise UserError(f"n_class_probe must be >= 0 (held-out images; 0: skip), got {self.n_class_probe}")
 
     def sampling(self, cfg: float) -> SamplingParams:
-        from lantern.engine.sampling import SamplingParams
+        from lantern.engine.decoding.sampling import SamplingParams
 
         return SamplingParams(cfg_scale=cfg, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lantern.engine.stats import GpuPath
+from lantern.engine.decoding.stats import GpuPath
 
 READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__format__", "cpu", "equal", "allclose"}
 SHAPES = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}

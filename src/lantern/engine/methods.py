@@ -100,7 +100,7 @@ class Family:
     def rule(self, spec: dict):
         if self.make_rule is not None:
             return self.make_rule(spec)
-        from lantern.engine.acceptance import AcceptRule
+        from lantern.engine.rules.acceptance import AcceptRule
 
         return AcceptRule(self.name, k=spec["k"], residual=spec["residual"], bound_fn=partial(self.bound, spec))
 
@@ -153,13 +153,13 @@ GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors'
 
 
 def _check_tree(value, where: str):
-    from lantern.engine.tree_shapes import SHAPES
+    from lantern.engine.decoding.tree_shapes import SHAPES
 
     if isinstance(value, str):
         if value not in SHAPES:
             raise UserError(f"{where} = {value!r} is not a static tree; use {', '.join(SHAPES)} or a list of rank paths")
         return value
-    from lantern.engine.tree_shapes import validate_tree_paths
+    from lantern.engine.decoding.tree_shapes import validate_tree_paths
 
     try:
         return [list(p) for p in validate_tree_paths(value)]
@@ -169,7 +169,7 @@ def _check_tree(value, where: str):
 
 def _rule(kind: str, *keys: str):
     def make(spec: dict):
-        from lantern.engine.acceptance import AcceptRule
+        from lantern.engine.rules.acceptance import AcceptRule
 
         return AcceptRule(kind, **{k: spec[k] for k in keys})
     return make
@@ -180,30 +180,30 @@ def _own(module: str, name: str):
     def make(spec: dict):
         import importlib
 
-        return getattr(importlib.import_module(f"lantern.engine.{module}"), name)(spec)
+        return getattr(importlib.import_module(f"lantern.engine.rules.{module}"), name)(spec)
     return make
 
 
 def _chain(spec: dict):
-    from lantern.engine.chain import Chain
+    from lantern.engine.decoding.chain import Chain
 
     return Chain(spec["gamma"])
 
 
 def _static(spec: dict):
-    from lantern.engine.trees import static_tree
+    from lantern.engine.decoding.trees import static_tree
 
     return static_tree(spec["tree"], spec.get("gamma", GAMMA.default))
 
 
 def _jacobi(spec: dict):
-    from lantern.engine.jacobi import Jacobi
+    from lantern.engine.decoding.jacobi import Jacobi
 
     return Jacobi(spec["window"])
 
 
 def _dynamic(spec: dict):
-    from lantern.engine.trees import DynamicTree
+    from lantern.engine.decoding.trees import DynamicTree
 
     return DynamicTree(spec["total_tokens"], spec["depth"], spec["top_k"])
 
@@ -506,9 +506,9 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
                   vq_path: str | None, device, compile: bool = False):
     """(cond [B] or [B, T, C], generators, cond_mask [B, T] or None) -> (tokens [B, N], [ImageStats] * B) for a
     speculative point (`lantern sample`): speculative.decode, the one loop of every drafting kind (one image is a
-    batch of one). compile: its verify forward compiled with static shapes (engine/batched.py)."""
-    from lantern.engine.neighbours import load_neighbours, read_codebook
-    from lantern.engine.speculative import decode
+    batch of one). compile: its verify forward compiled with static shapes (engine/decoding/rounds.py)."""
+    from lantern.engine.rules.neighbours import load_neighbours, read_codebook
+    from lantern.engine.decoding.speculative import decode
 
     spec = normalize(spec)
     accept, draft = rule(spec), drafting(spec)
@@ -525,7 +525,7 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
         table = table.to(device)
     drafter = None
     if needs_drafter(spec):
-        from lantern.engine.drafter import load_drafter
+        from lantern.engine.models.drafter import load_drafter
 
         drafter = load_drafter(drafter_path, target)
 

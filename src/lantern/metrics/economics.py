@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lantern.engine.model import GPT, causal_mask
+from lantern.engine.models.model import GPT, causal_mask
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ COMMANDS = {
     "train-gpt": "lantern.worlds.toy.train_gpt",
     "ambiguity": "lantern.metrics.ambiguity",
     "proximity": "lantern.metrics.proximity",
-    "neighbours": "lantern.engine.neighbours",
+    "neighbours": "lantern.engine.rules.neighbours",
     "methods": "lantern.engine.methods",
     "train-drafter": "lantern.pipeline.train_drafter",
     "sample": "lantern.pipeline.sample",

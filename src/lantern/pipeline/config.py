@@ -84,7 +84,7 @@ def _check_integers(node, schema: dict, path: tuple = ()) -> None:
 
 def codebook_size(cfg: dict) -> int:
     if cfg["world"] == "llamagen":  # read from the file (checked to exist before the methods are)
-        from lantern.engine.neighbours import read_codebook
+        from lantern.engine.rules.neighbours import read_codebook
 
         try:
             return int(read_codebook(cfg["llamagen"]["vq_ckpt"]).shape[0])
@@ -352,8 +352,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     """What the jobs would refuse in the llamagen world's files, found before any job: the GPT must be a LlamaGen GPT
     that agrees with the llamagen keys and the VQ's codebook, and a drafter file must be a drafter for it. Only the
     files' headers are read (the tensors stay on disk, memory-mapped); the VQ's codebook was read with the methods."""
-    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args, wrong_kind
-    from lantern.engine.drafter import check_drafter_target, read_drafter
+    from lantern.engine.models.checkpoint import extract_state_dict, parse_spec, target_args, wrong_kind
+    from lantern.engine.models.drafter import check_drafter_target, read_drafter
     from lantern.io import load_torch
 
     lg = cfg["llamagen"]

@@ -39,8 +39,8 @@ def _prefixed(key: str, e: UserError, flag: str = "") -> UserError:
 def check_vq_downsample(cfg: dict) -> None:
     """llamagen.downsample against the VQ file (stored VQArgs, or an upstream file's encoder levels): a VQ-16 file
     with downsample 8 (or the reverse) would make token grids of the wrong size."""
-    from lantern.engine.checkpoint import extract_state_dict
-    from lantern.engine.vq import encoder_levels, file_args
+    from lantern.engine.models.checkpoint import extract_state_dict
+    from lantern.engine.models.vq import encoder_levels, file_args
     from lantern.io import load_torch
 
     lg = cfg["llamagen"]
@@ -61,7 +61,7 @@ def check_vq_downsample(cfg: dict) -> None:
 
 
 def _target_args(cfg: dict, spec: dict):
-    from lantern.engine.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.engine.models.checkpoint import extract_state_dict, parse_spec, target_args
     from lantern.io import load_torch
 
     path = cfg["llamagen"]["gpt_ckpt"]

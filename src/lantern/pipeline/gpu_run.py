@@ -14,7 +14,7 @@ profile inside `salloc --gpus=4`) each command locks one of them; with one, CMD 
 With an empty pool (a CPU machine) CMD runs unchanged.
 CUDA_DEVICE_ORDER=PCI_BUS_ID is set for CMD, so a device number means the GPU `nvidia-smi` shows under it (CUDA's
 own default order, fastest first, may differ). LANTERN_GPU_RUN_DEVICE tells CMD that it was given exactly one
-device (`device: cuda:N` then means that device: engine/checkpoint.parse_device).
+device (`device: cuda:N` then means that device: engine/models/checkpoint.parse_device).
 Locks live in $LANTERN_GPU_LOCK_DIR (default /tmp/lantern-gpu-locks-<uid>, plus -slurm<job id> inside a SLURM job,
 whose device numbers are its own): one machine (or allocation), one folder.
 """

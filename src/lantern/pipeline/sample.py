@@ -30,14 +30,14 @@ import torch
 from PIL import Image
 
 from lantern import __version__
-from lantern.engine.checkpoint import load_gpt, parse_device
-from lantern.engine.compiled import resolve
+from lantern.engine.models.checkpoint import load_gpt, parse_device
+from lantern.engine.decoding.compiled import resolve
 from lantern.pipeline.determinism import configure as configure_determinism, settings as determinism_settings
 from lantern.engine.methods import build_decoder, normalize, point_name, speculative
-from lantern.engine.model import PAD_SEMANTICS
+from lantern.engine.models.model import PAD_SEMANTICS
 from lantern.errors import UserError
-from lantern.engine.generate import generate
-from lantern.engine.sampling import SamplingParams, image_generator, image_seed
+from lantern.engine.decoding.generate import generate
+from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
@@ -81,7 +81,7 @@ def resolve_pad_semantics(choice: str, drafter_path: str | None) -> str:
         return choice
     if not drafter_path:
         return "upstream"
-    from lantern.engine.drafter import read_drafter
+    from lantern.engine.models.drafter import read_drafter
 
     return "authors" if read_drafter(drafter_path, mmap=True).get("converted_from") else "upstream"
 
@@ -304,7 +304,7 @@ def main(argv: list[str]) -> None:
             raise not_a_file(what, path)
     spec = read_structured(a.target_spec, "--target-spec")
 
-    from lantern.engine.vq import load_vq
+    from lantern.engine.models.vq import load_vq
 
     decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile,
                       a.pad_semantics)

@@ -1,4 +1,4 @@
-"""`lantern train-drafter`: train an EAGLE-1 drafter (engine/drafter.py) for a target.
+"""`lantern train-drafter`: train an EAGLE-1 drafter (engine/models/drafter.py) for a target.
 
 Training regresses the target's next hidden state (SmoothL1) plus 0.1 x soft cross-entropy against the target's
 distribution, with uniform noise on the input hidden states and conditions dropped to the null condition at the
@@ -27,9 +27,9 @@ from lantern.errors import UserError
 from lantern.hparams import DrafterParams
 from lantern.params import add_threads_arg, check_feature_layers, params_from, use_threads, with_threads
 from lantern.io import load_torch, read_resume, read_structured, save_torch
-from lantern.engine.model import GPT, causal_mask
+from lantern.engine.models.model import GPT, causal_mask
 
-from lantern.engine.drafter import Drafter, DrafterOptions, save_drafter, target_states
+from lantern.engine.models.drafter import Drafter, DrafterOptions, save_drafter, target_states
 
 
 # -- training -----------------------------------------------------------------------------------------------------
@@ -131,8 +131,8 @@ def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
     Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
     an evaluation draws from (global seed, index).
     """
-    from lantern.engine.generate import generate
-    from lantern.engine.sampling import SamplingParams, image_generator, image_seed
+    from lantern.engine.decoding.generate import generate
+    from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed
 
     params = params_from(sampling, SamplingParams, "drafter self_sampling.")
     out = []
@@ -387,7 +387,7 @@ def _take(cond, rows: Tensor):
 
 # -- CLI ----------------------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> None:
-    from lantern.engine.checkpoint import load_gpt, parse_device
+    from lantern.engine.models.checkpoint import load_gpt, parse_device
     from lantern.pipeline.determinism import configure as configure_determinism
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)

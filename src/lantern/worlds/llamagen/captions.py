@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lantern.engine.checkpoint import parse_device, parse_dtype
+from lantern.engine.models.checkpoint import parse_device, parse_dtype
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
 from lantern.worlds.llamagen.prompts import read_prompts

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lantern.engine.checkpoint import short_list
+from lantern.engine.models.checkpoint import short_list
 from lantern.errors import UserError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -33,7 +33,7 @@ DERIVED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # -- reading their files --------------------------------------------------------------------------------------------
 def _read_weights(path: Path, shapes_only: bool = False) -> dict[str, Tensor]:
     """A weights file's tensors; with shapes_only, tensors on the meta device (only the file's header is read)."""
-    from lantern.engine.checkpoint import extract_state_dict
+    from lantern.engine.models.checkpoint import extract_state_dict
     from lantern.io import load_torch
 
     if path.suffix == ".safetensors":
@@ -212,7 +212,7 @@ def check_drafter_config(config: dict, a, where: str = "--src drafter config.jso
 
 def check_target(sd: dict[str, Tensor], args) -> None:
     """Every upstream key present once with the upstream shape (compared with a GPT on the meta device)."""
-    from lantern.engine.model import GPT
+    from lantern.engine.models.model import GPT
 
     with torch.device("meta"):
         want = {k: v.shape for k, v in GPT(args).state_dict().items()}
@@ -227,7 +227,7 @@ def check_target(sd: dict[str, Tensor], args) -> None:
 
 def printable_spec(args) -> dict:
     """The --target-spec that loads the converted file (named size where it is one)."""
-    from lantern.engine.model import GPT_SIZES
+    from lantern.engine.models.model import GPT_SIZES
 
     size = next((name for name, v in GPT_SIZES.items() if v == {"n_layer": args.n_layer, "n_head": args.n_head,
                                                                   "dim": args.dim}), None)
@@ -259,7 +259,7 @@ def check_authors_drafter(theirs: dict[str, Tensor], config: dict, a):
     checking its keys and shapes (meta tensors suffice: `lantern check-config` reads only the files' headers)."""
     from dataclasses import replace
 
-    from lantern.engine.drafter import AUTHORS_LLAMAGEN, Drafter
+    from lantern.engine.models.drafter import AUTHORS_LLAMAGEN, Drafter
 
     heads, layers = config.get("num_attention_heads", a.n_head), config.get("num_hidden_layers", 1)
     if heads != a.n_head or layers != 1:
@@ -285,7 +285,7 @@ def check_authors_drafter(theirs: dict[str, Tensor], config: dict, a):
 
 def convert_drafter(theirs: dict[str, Tensor], config: dict, target):
     """A Drafter for `target` computing the authors' drafter function from its state dict and config.json."""
-    from lantern.engine.drafter import Drafter
+    from lantern.engine.models.drafter import Drafter
 
     drafter = Drafter(target.args, check_authors_drafter(theirs, config, target.args))
     want = drafter.state_dict()
@@ -314,7 +314,7 @@ def main(argv: list[str]) -> None:
         raise UserError("--kind drafter needs --target (the GPT checkpoint the drafter serves, with --target-spec)")
     hf, config = read_hf(a.src)
     if a.kind == "target":
-        from lantern.engine.checkpoint import parse_spec, target_args
+        from lantern.engine.models.checkpoint import parse_spec, target_args
 
         from dataclasses import replace
 
@@ -335,8 +335,8 @@ def main(argv: list[str]) -> None:
         note = f"; carries {', '.join(f'{k} {v:g}' for k, v in differs.items())} from config.json" if differs else ""
         print(f"target {a.src} -> {a.out} ({len(sd)} tensors{note}); load it with --target-spec '{spec}'")
         return
-    from lantern.engine.checkpoint import load_gpt
-    from lantern.engine.drafter import save_drafter
+    from lantern.engine.models.checkpoint import load_gpt
+    from lantern.engine.models.drafter import save_drafter
 
     spec = {"spec": read_structured(a.target_spec, "--target-spec")} if a.target_spec else {}
     target = load_gpt(a.target, **spec)

@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lantern.engine.checkpoint import save_checkpoint
+from lantern.engine.models.checkpoint import save_checkpoint
 from lantern.params import params_from
 from lantern.errors import UserError
 from lantern.hparams import GPTParams
 from lantern.io import load_torch, read_resume, read_structured, save_torch, write_json
-from lantern.engine.model import GPT, ModelArgs, num_params
+from lantern.engine.models.model import GPT, ModelArgs, num_params
 from lantern.worlds.toy.train_vq import cosine_lr, set_threads, sidecar
 
 

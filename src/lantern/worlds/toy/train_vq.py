@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lantern.engine.checkpoint import save_checkpoint
+from lantern.engine.models.checkpoint import save_checkpoint
 from lantern.params import params_from
 from lantern.worlds.toy.data import load_data, to_unit
 from lantern.errors import UserError
 from lantern.hparams import VQParams
 from lantern.io import read_structured, write_json
-from lantern.engine.vq import VQArgs, VQModel
+from lantern.engine.models.vq import VQArgs, VQModel
 
 
 def cosine_lr(step: int, total: int, lr: float, warmup: int, min_ratio: float) -> float:

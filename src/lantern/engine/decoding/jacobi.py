@@ -20,7 +20,7 @@ drafter-based decoders (speculative.decode); entries past the accepted prefix ar
 Stats: drafter_forwards = 0, accepted_per_step = window tokens accepted per iteration (the correction or bonus token
 not counted), tree_depth = the window verified.
 Batches (`JacobiRounds`, run by speculative.decode): the images still decoding advance together, one target forward
-per iteration over all their windows (ragged, the layout of batched.py), each image refilling, accepting and
+per iteration over all their windows (ragged, the layout of rounds.py), each image refilling, accepting and
 refining with its own generator, so its tokens and stats never depend on the batch.
 """
 
@@ -32,14 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import (
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.rounds import (
     batch_probs, finish, first_tokens, forward_rows_of, in_rows, prefill_rows, ragged, target_forward, to_device,
 )
-from lantern.engine.chain import accept_chains
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw
-from lantern.engine.stats import ImageStats, StepTimer
+from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.models.model import GPT
+from lantern.engine.decoding.sampling import SamplingParams, draw
+from lantern.engine.decoding.stats import ImageStats, StepTimer
 from lantern.errors import UserError
 
 
@@ -60,7 +60,7 @@ class Jacobi:
 class Image:
     """One image's Jacobi state on the host (its tokens, window and their q live in JacobiRounds' tensors)."""
 
-    index: int  # b: its cache rows are b (and b + B under CFG) in a batch (batched.cache_rows)
+    index: int  # b: its cache rows are b (and b + B under CFG) in a batch (rounds.cache_rows)
     generator: torch.Generator
     stats: ImageStats
     n: int = 1  # tokens decoded so far

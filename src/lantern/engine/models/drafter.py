@@ -26,11 +26,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from lantern.engine.checkpoint import DRAFTER_FORMAT, wrong_kind
+from lantern.engine.models.checkpoint import DRAFTER_FORMAT, wrong_kind
 from lantern.errors import UserError
 from lantern.params import check_feature_layers, check_layer_indices
 from lantern.io import load_torch, save_torch
-from lantern.engine.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
+from lantern.engine.models.model import (GPT, KVCache, ModelArgs, TransformerBlock, causal_mask, key_mask, own_slots,
                                   precompute_rope_2d, row_mask, row_slots)
 
 FORMAT = DRAFTER_FORMAT
@@ -214,13 +214,7 @@ class Drafter(nn.Module):
 def target_states(target: GPT, cond: Tensor, tokens: Tensor, cond_mask: Tensor | None = None):
     """Teacher-forced target pass keeping every position: (input embeddings, post-norm hidden, logits), each
     [B, T + N - 1, ...] for tokens = img[:, :-1] (GPT.forward keeps only the image-predicting positions)."""
-    x = torch.cat([target.embed_cond(cond), target.embed_tokens(tokens)], dim=1)
-    S = x.shape[1]
-    mask = None
-    if cond_mask is not None:
-        mask = causal_mask(S, S, x.device) & key_mask(cond_mask, S)
-        mask = mask | torch.eye(S, dtype=torch.bool, device=x.device)
-    logits, hidden = target.run(x, torch.arange(S, device=x.device), mask)
+    x, logits, hidden = target.teacher_forced(cond, tokens, cond_mask)
     return x, hidden, logits
 
 

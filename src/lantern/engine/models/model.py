@@ -376,6 +376,12 @@ class GPT(nn.Module):
     def forward(self, cond: Tensor, tokens: Tensor, cond_mask: Tensor | None = None):
         """Teacher-forced pass. tokens = img[:, :-1] ([B, N-1]); returns logits [B, N, V] predicting img_0..img_{N-1}."""
         T = self.args.cls_token_num
+        _, logits, hidden = self.teacher_forced(cond, tokens, cond_mask)
+        return logits[:, T - 1 :], hidden[:, T - 1 :]
+
+    def teacher_forced(self, cond: Tensor, tokens: Tensor, cond_mask: Tensor | None = None):
+        """Teacher-forced pass keeping every position: (input embeddings, logits, post-norm hidden), each
+        [B, T + N - 1, ...] for tokens = img[:, :-1]."""
         x = torch.cat([self.embed_cond(cond), self.embed_tokens(tokens)], dim=1)
         S = x.shape[1]
         mask = None
@@ -383,7 +389,7 @@ class GPT(nn.Module):
             mask = causal_mask(S, S, x.device) & key_mask(cond_mask, S)
             mask = mask | torch.eye(S, dtype=torch.bool, device=x.device)
         logits, hidden = self.run(x, torch.arange(S, device=x.device), mask)
-        return logits[:, T - 1 :], hidden[:, T - 1 :]
+        return x, logits, hidden
 
     # -- cache management -------------------------------------------------------------------------------------
     def setup_cache(self, batch: int, dtype: torch.dtype | None = None, extra: int = 0) -> None:
@@ -438,7 +444,7 @@ class GPT(nn.Module):
         return self.run(x, pos, mask, slots)
 
     def forward_rows(self, x: Tensor, pos: Tensor, slots: Tensor, visible: Tensor, rows: Tensor | None = None):
-        """Cached pass where every row has its own positions (batched speculative decoding, batched.py): x [b, S, dim]
+        """Cached pass where every row has its own positions (batched speculative decoding, rounds.py): x [b, S, dim]
         feeds the cache rows `rows` [b] (None: all rows, in order) at RoPE positions pos [b, S], written to slots
         [b, S]; visible [b, S, max_len]. Rows not in `rows` are neither read nor written."""
         key_valid = self.cache_key_valid if rows is None else self.cache_key_valid[rows]

@@ -1,7 +1,7 @@
 """Draft trees: static shapes (EAGLE-1, LANTERN++) and dynamic trees (EAGLE-2), verified in one target forward.
 
 One round, with y the newest token at target position Q (not yet fed to the target), as in speculative.py (the
-batched rounds: batched_trees.py):
+batched rounds: tree_rounds.py):
 1. draft: the drafter catches up over the last accepted path with the target's true hidden states (one forward),
    then grows the tree a level at a time: one drafter forward over the nodes of a depth that get children, each
    node reading its parent's predicted hidden state at drafter position Q + depth - 1 and seeing its ancestors;
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, verify_candidates
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw
-from lantern.engine.tree_shapes import (NAIVE_EXTEND_57, SHAPES, STATIC_TOP_K, TWIN_CHAIN_8,  # noqa: F401
+from lantern.engine.rules.acceptance import AcceptRule, verify_candidates
+from lantern.engine.models.model import GPT
+from lantern.engine.decoding.sampling import SamplingParams, draw
+from lantern.engine.decoding.tree_shapes import (NAIVE_EXTEND_57, SHAPES, STATIC_TOP_K, TWIN_CHAIN_8,  # noqa: F401
                                        validate_tree_paths)
 from lantern.errors import UserError
 
@@ -82,7 +82,7 @@ class TreePass:
     position Q + pos, written to drafter cache slots Q + slots [S], each seeing the committed prefix and the tree
     slots anc [S, m] from Q on, and reading its parent's predicted hidden state hidden [R, S, d]. Its answer: the
     predicted hidden states [R, S, d] and their distributions [S, V] (row_probs at image-token index
-    n_done + pos + 1). batched_trees.TreeRounds runs the passes of every growing image in one drafter forward."""
+    n_done + pos + 1). tree_rounds.TreeRounds runs the passes of every growing image in one drafter forward."""
 
     tokens: Tensor
     hidden: Tensor
@@ -93,7 +93,7 @@ class TreePass:
 
 class TreeShape:
     """A draft tree's shape: `growth` is its own drafting, a generator of the drafter passes it needs (TreePass)
-    that returns the Draft (batched_trees.TreeRounds runs it, and accepts the drafts, for a batch). A shape
+    that returns the Draft (tree_rounds.TreeRounds runs it, and accepts the drafts, for a batch). A shape
     names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
     write)."""
 
@@ -164,7 +164,7 @@ class StaticTree(TreeShape):
         self.levels = [_Level(**{k: dev[v] if k not in ("lo", "hi", "width") else v for k, v in lvl.items()})
                        for lvl in levels]
         # the most children of any node at each depth (the root's first), 0 for the leaves' depth: a sampled walk
-        # down the tree tries at most this many children per step (batched_trees.walk)
+        # down the tree tries at most this many children per step (tree_rounds.walk)
         self.fanout = [max(len(self.children[i + 1]) for i in range(self.n) if len(paths[i]) == d) if d else
                        len(self.children[0]) for d in range(self.depth)] + [0]
         self._cut: dict[int, StaticTree] = {}

@@ -3,7 +3,7 @@ verify, acceptance, the residual or bonus draw and the commit, over every image 
 the device. On CUDA it is one CUDA graph replay a round (torch.compile "reduce-overhead"), so the round's host work
 is the images' uniforms going in (one copy) and the accepted lengths coming out (one read): the gpt-fast / SGLang
 pattern (../shared/reference/gpu-rounds.md). On a CPU inductor compiles the same function, which is how the tests
-check it against the eager rounds (batched.ChainRounds), token for token.
+check it against the eager rounds (chain_rounds.ChainRounds), token for token.
 
 The state lives on the device in buffers kept between batches (compiled.static_buffer), which the round updates in
 place, for every image b (finished ones take part as padding and are never written where they are read):
@@ -14,7 +14,7 @@ place, for every image b (finished ones take part as padding and are never writt
   with the embeddings of the tokens buf[b, n - pend_len : n].
 A caption's condition positions (t2i: 120) are caught up once, in the prefill, so that every round's catch-up fits
 the fixed width gamma + 1. Rules that verify through their own host-side code (rule.impl: LANTERN-TV, GSD, Cool-SD)
-keep the eager-bookkept rounds (batched.ChainRounds).
+keep the eager-bookkept rounds (chain_rounds.ChainRounds).
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lantern.engine import compiled
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import DrafterRounds, batch_probs, chain_drafts, finish, in_rows, pack, ragged
-from lantern.engine.chain import Chain, accept_chains
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams
-from lantern.engine.stats import StepTimer
+from lantern.engine.decoding import compiled
+from lantern.engine.decoding.chain import Chain, accept_chains
+from lantern.engine.decoding.chain_rounds import chain_drafts
+from lantern.engine.decoding.rounds import DrafterRounds, batch_probs, finish, in_rows, pack, ragged
+from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.stats import StepTimer
+from lantern.engine.models.drafter import Drafter
+from lantern.engine.models.model import GPT
+from lantern.engine.rules.acceptance import AcceptRule
 
 
 def graph_capturable(rule: AcceptRule) -> bool:

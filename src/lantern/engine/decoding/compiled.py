@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
+from lantern.engine.models.drafter import Drafter
+from lantern.engine.models.model import GPT
 from lantern.errors import UserError
 
 # Distinct static shapes one step function may compile to before dynamo falls back to eager: model shapes x batch

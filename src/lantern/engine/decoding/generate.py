@@ -2,7 +2,7 @@
 
 `generate` feeds every decode step through `decode_step`, whose shapes never change along an image (the position is
 a tensor and the causal mask is built from it), so `generate(..., compile=True)` can run that very function through
-torch.compile (engine/compiled.py): one graph per model shape and batch, gpt-fast style.
+torch.compile (engine/decoding/compiled.py): one graph per model shape and batch, gpt-fast style.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lantern.engine import compiled
-from lantern.engine.model import GPT, causal_mask
-from lantern.engine.sampling import SamplingParams, Uniforms, logits_to_probs, mix_cfg, next_tokens
-from lantern.engine.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
+from lantern.engine.decoding import compiled
+from lantern.engine.models.model import GPT, causal_mask
+from lantern.engine.decoding.sampling import SamplingParams, Uniforms, logits_to_probs, mix_cfg, next_tokens
+from lantern.engine.decoding.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
 
 
 def cfg_rows(model: GPT, cond: Tensor, params: SamplingParams, cond_mask: Tensor | None = None):
@@ -47,7 +47,7 @@ def decode_one_token(model: GPT, token: Tensor, input_pos: int):
 
 
 def decode_step(model: GPT, token: Tensor, input_pos: Tensor):
-    """decode_one_token with static shapes, the function engine/compiled.py compiles: token [rows], input_pos a
+    """decode_one_token with static shapes, the function engine/decoding/compiled.py compiles: token [rows], input_pos a
     1-element long tensor on the model's device; the mask is built from input_pos inside, so one graph serves every
     position. Same numbers as decode_one_token(model, token, int(input_pos))."""
     pos = input_pos.view(1)
@@ -71,7 +71,7 @@ def generate(
 ) -> tuple[Tensor, list[ImageStats]]:
     """Vanilla AR decoding of a batch; returns image tokens [B, N] and one ImageStats per image.
 
-    compile: run each decode step through torch.compile (engine/compiled.py; the first call per model shape and
+    compile: run each decode step through torch.compile (engine/decoding/compiled.py; the first call per model shape and
     batch compiles, inside the timed "verify" section) on a KV cache kept for the next call; the prefill and the
     sampling (per-image generators) stay eager. Off: plain eager steps, the reference numbers."""
     B, N, T = cond.shape[0], model.args.image_tokens, model.args.cls_token_num

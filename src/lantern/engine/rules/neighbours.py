@@ -61,7 +61,7 @@ def codebook_sha256(codebook: Tensor) -> str:
 def read_codebook(path: str | Path) -> Tensor:
     """The [N, D] codebook of a VQ checkpoint ({"model": state_dict}, as upstream ships it, or a raw state dict),
     read without building the VQ model."""
-    from lantern.engine.checkpoint import extract_state_dict, read_checkpoint
+    from lantern.engine.models.checkpoint import extract_state_dict, read_checkpoint
 
     try:  # mmap: only the codebook's bytes of a 288 MB upstream file are read
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

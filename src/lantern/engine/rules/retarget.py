@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, verify_candidates
+from lantern.engine.rules.acceptance import AcceptRule, verify_candidates
 
 ROUNDS = 3
 SOURCES = 64  # surplus codes per position that give (the largest); see the module docstring

@@ -12,13 +12,13 @@ decoding (the active ones):
    draft (a bonus token; none when the drafts completed the image); greedy takes the argmax. The accepted drafts'
    cache entries move into slots Q + 1 .. Q + a where they are not already there, and their true hidden states
    become the drafter's next catch-up inputs.
-The rounds of each kind: batched.ChainRounds (chain.py's drafts), batched_trees.TreeRounds (trees.py's static and
+The rounds of each kind: chain_rounds.ChainRounds (chain.py's drafts), tree_rounds.TreeRounds (trees.py's static and
 dynamic trees), jacobi.JacobiRounds. Every image draws from its own generator, so its tokens never depend on its
 batch: a batch of B gives each image the tokens it gets in a batch of 1 (exactly so in the float64 tests).
 The target's cache is indexed by position: entries past the accepted prefix are overwritten next round, never read.
 tau = tokens / target forwards (prefill included); times: the batch's wall time per section / B. compile=True: the
 verify forward through torch.compile with static shapes at the width nodes + 1, and a chain's drafting with it
-(batched.py).
+(rounds.py).
 """
 
 from __future__ import annotations
@@ -28,20 +28,20 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.kinds import rounds_for
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams
-from lantern.engine.stats import ImageStats, StepTimer, reset_peak_memory
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.engine.decoding.kinds import rounds_for
+from lantern.engine.models.model import GPT
+from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.stats import ImageStats, StepTimer, reset_peak_memory
 from lantern.errors import UserError
 
 PREFILL, FINISH = "lantern.prefill", "lantern.finish"  # profiler marks around what is not a round
 
 
 class Rounds(Protocol):
-    """A drafting kind's rounds over a batch (batched.ChainRounds, batched_trees.TreeRounds, jacobi.JacobiRounds):
+    """A drafting kind's rounds over a batch (chain_rounds.ChainRounds, tree_rounds.TreeRounds, jacobi.JacobiRounds):
     prefill (caches set up, the condition run, each image's first token drawn: the images), then per round draft,
-    verify ((logits, hidden) [R * n, S, ...] in forward layout, batched.pack) and commit (steps 1-3 for the active
+    verify ((logits, hidden) [R * n, S, ...] in forward layout, rounds.pack) and commit (steps 1-3 for the active
     images), and finish (caches freed; tokens [B, N] and stats per image)."""
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,

@@ -1,5 +1,5 @@
 """Chain drafts (EAGLE-1): one round of gamma drafts x_1..x_g, verified in one causal target forward; the rounds
-themselves are batched.ChainRounds, which accepts every image's chain at once (`accept_chains`).
+themselves are chain_rounds.ChainRounds, which accepts every image's chain at once (`accept_chains`).
 
 draft: gamma drafter forwards, the first from the catch-up's predicted hidden state, each later one feeding the
 drafter its own predicted hidden state; every x_i is drawn from the drafter's CFG-mixed, temperature/top-k/top-p
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual, residual_rows
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw
+from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual, residual_rows
+from lantern.engine.models.model import GPT
+from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.errors import UserError
 
 

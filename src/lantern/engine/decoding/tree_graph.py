@@ -1,10 +1,10 @@
 """A static draft tree's round as ONE compiled call (compile=True), the tree counterpart of chain_graph.py: the
 drafter's catch-up, the tree grown a level at a time (a sampled tree's children drawn without replacement, a greedy
 tree's the drafter's top ranks), the target's verify over [y, nodes] with the tree mask, acceptance (greedy: the
-deepest node whose path passes; sampling: batched_trees.walk), the residual or bonus draw, the accepted path's
+deepest node whose path passes; sampling: tree_rounds.walk), the residual or bonus draw, the accepted path's
 target cache entries moved into consecutive slots, and the commit, over every image at the shape's full size.
 
-Near an image's end batched_trees.TreeRounds cuts the shape at the tokens the image has left (StaticTree.upto);
+Near an image's end tree_rounds.TreeRounds cuts the shape at the tokens the image has left (StaticTree.upto);
 here the full shape always runs and the nodes past the cut are padding: never offered, never accepted, run at
 position 0 into the scratch slot, and their uniforms never drawn (a round takes the cut shape's growth uniforms,
 `growth_uniforms`, then the walk's). So every image gets the tokens of the eager rounds, uniform for uniform.
@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import batch_probs, in_rows, ragged
-from lantern.engine.batched_trees import tree_greedy_paths, walk
-from lantern.engine.chain_graph import GraphRounds
-from lantern.engine.drafter import Drafter
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams, draw
-from lantern.engine.trees import DynamicTree, StaticTree, successive_draws
+from lantern.engine.decoding.chain_graph import GraphRounds
+from lantern.engine.decoding.rounds import batch_probs, in_rows, ragged
+from lantern.engine.decoding.sampling import SamplingParams, draw
+from lantern.engine.decoding.tree_rounds import tree_greedy_paths, walk
+from lantern.engine.decoding.trees import DynamicTree, StaticTree, successive_draws
+from lantern.engine.models.drafter import Drafter
+from lantern.engine.models.model import GPT
+from lantern.engine.rules.acceptance import AcceptRule
 
 
 def tree_visible(Q: Tensor, block: Tensor, real: Tensor, cache_len: int) -> Tensor:

@@ -1,4 +1,4 @@
-"""The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: batched.py's ragged
+"""The rounds of draft trees (static trees, EAGLE-2 dynamic trees) in speculative.decode's loop: rounds.py's ragged
 rows with the shapes of trees.py.
 
 Per image the tree is trees.py's own: it grows in the image's `growth` (a generator that asks for the drafter
@@ -16,7 +16,7 @@ decoding, are the forwards and the acceptance:
    round; the accepted paths' target cache entries move into consecutive slots in one per-row move
    (GPT.keep_rows), and the true hidden states of y and the accepted nodes become the image's next catch-up
    inputs.
-Padding queries sit at position 0 and write the scratch slot (batched.SCRATCH) past the tree slots.
+Padding queries sit at position 0 and write the scratch slot (rounds.SCRATCH) past the tree slots.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
-from lantern.engine.batched import (DrafterRounds, Image, batch_probs, cache_rows, in_rows, pack, target_forward,
-                                    to_device)
-from lantern.engine.sampling import Uniforms, draw
-from lantern.engine.stats import free_read
-from lantern.engine.trees import Draft, TreePass, _visible, accept_sampled
+from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows, sibling_budget
+from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, cache_rows, in_rows, pack,
+                                             target_forward, to_device)
+from lantern.engine.decoding.sampling import Uniforms, draw
+from lantern.engine.decoding.stats import free_read
+from lantern.engine.decoding.trees import Draft, TreePass, _visible, accept_sampled
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
-from lantern.engine.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
+from lantern.engine.models.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
 
 CONTAINERS = ("model", "module", "state_dict")
 # Present in some upstream files, never part of our modules.

@@ -90,7 +90,7 @@ class AcceptRule:
 
     @property
     def authors_ties(self) -> bool:
-        """Greedy tree ties broken as the authors' code breaks them (batched_trees.greedy_paths): part of `reference`."""
+        """Greedy tree ties broken as the authors' code breaks them (tree_rounds.greedy_paths): part of `reference`."""
         return self.impl is None and self.residual == "reference"
 
     @property

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule
-from lantern.engine.batched import ChainRounds
-from lantern.engine.batched_trees import TreeRounds
-from lantern.engine.chain import Chain
-from lantern.engine.chain_graph import GraphChainRounds, graph_capturable
-from lantern.engine.tree_graph import GraphTreeRounds
-from lantern.engine.trees import DynamicTree, StaticTree
-from lantern.engine.jacobi import Jacobi, JacobiRounds
-from lantern.engine.model import GPT
-from lantern.engine.sampling import SamplingParams
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturable
+from lantern.engine.decoding.chain_rounds import ChainRounds
+from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
+from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.tree_graph import GraphTreeRounds
+from lantern.engine.decoding.tree_rounds import TreeRounds
+from lantern.engine.decoding.trees import DynamicTree, StaticTree
+from lantern.engine.models.model import GPT
+from lantern.engine.rules.acceptance import AcceptRule
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,

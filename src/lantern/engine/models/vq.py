@@ -306,8 +306,8 @@ def file_args(obj: dict, sd: dict, path) -> VQArgs:
 
 def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
     """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file's are read from its tensors."""
-    from lantern.engine.checkpoint import extract_state_dict, load_weights, no_init, parse_device, read_checkpoint, \
-        wrong_kind
+    from lantern.engine.models.checkpoint import extract_state_dict, load_weights, no_init, parse_device, \
+        read_checkpoint, wrong_kind
 
     obj = read_checkpoint(path)
     error = wrong_kind(obj, path, "VQ tokenizer")

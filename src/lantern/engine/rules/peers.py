@@ -16,7 +16,7 @@ by w_i p(x). Deterministic drafts (q None) take q as the point mass on x. Readin
 reachable here): i counts drafts within a round, not image positions; f is the acceptance function.
 Where i comes from: a chain's verified rows are its drafts in order (row j: i = j), and the chain hands i on to
 the residual in accept_probability's third slot (m for LANTERN); tree sampling passes the candidates' depth to
-verify_candidates. Greedy tree verification (batched_trees.greedy_paths) tests all nodes in one call without their
+verify_candidates. Greedy tree verification (tree_rounds.greedy_paths) tests all nodes in one call without their
 depths, so there i is the node's index in the tree, not its depth: Cool-SD's greedy trees anneal too fast.
 
 GSD (So et al., "Grouped Speculative Decoding for Autoregressive Image Generation", ICCV 2025; the authors' code,
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.acceptance import AcceptRule, _take
+from lantern.engine.rules.acceptance import AcceptRule, _take
 
 
 def _point(p: Tensor, x: int) -> Tensor:

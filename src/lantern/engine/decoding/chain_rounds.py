@@ -1,0 +1,151 @@
+"""The rounds of chain drafts (ChainRounds: chain.py's drafts for every image at once) in speculative.decode's loop,
+on rounds.py's batch machinery.
+
+Chain round over the active images:
+1. draft (`chain_drafts`): ONE drafter forward catches every active image up (ragged lengths, padded to the
+   longest), then drafter step i runs over the images that still want a draft i + 2 (an image near its end drafts
+   fewer than gamma);
+2. verify: ONE target forward over every active image's [y, drafts] (padded);
+3. accept and commit: the target's distributions of every verified position at once, then every image's chain
+   accepted at once with its own uniforms (chain.accept_chains); the image's next round reads from its own new Q.
+compile=True: a chain's drafting (`chain_drafts`: catch-up, drafter steps, draws) compiles as rounds.py's verify
+forward does, at the catch-up width gamma + 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lantern.engine.decoding import compiled
+from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, finish, forward_rows_of, in_rows, pack,
+                                            ragged, target_forward, to_device)
+from lantern.engine.decoding.sampling import SamplingParams, Uniforms, next_tokens
+from lantern.engine.decoding.stats import ImageStats, StepTimer
+from lantern.engine.models.drafter import Drafter
+
+
+def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
+                 rows: Tensor | None, last: Tensor, Q: Tensor, done: Tensor, gs: Tensor, u: Tensor | None,
+                 params: SamplingParams, G: int) -> tuple[Tensor, Tensor]:
+    """G chain drafts for n images, the drafting of a chain round in one function, eager or compiled with static
+    shapes (gpt-fast style, as verify_step): the drafter's catch-up over each image's pending inputs (emb, hidden,
+    pos, slots [R * n, S, ...], visible [R * n, S, L] in forward layout over the cache rows `rows`, None: all),
+    whose predicted state at each image's last input (`last` [n]) gives q_1 and x_1; then drafter step i feeds x_i
+    at target position Q + i (Q [n]: each image's newest token) for the images that want a draft i + 2 (gs [n]:
+    drafts wanted; the others' queries are padding). q_i are CFG-mixed and filtered at image-token index done + i;
+    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V])."""
+    n, L, device = last.shape[0], drafter.cache_len, emb.device
+    R = emb.shape[0] // n
+    out = drafter.forward_rows(emb, hidden, pos, slots, visible, rows)
+    pred = out.view(R, n, out.shape[1], -1)[:, torch.arange(n, device=device), last]  # [R, n, d]
+    xs, qs = [], []
+    for i in range(G):
+        q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (done + i)[:, None])[:, 0]
+        xs.append(next_tokens(q, params, None if u is None else u[:, i]))
+        qs.append(q)
+        if i == G - 1:
+            break
+        real = (i < gs - 1)[:, None]
+        at = (Q + i)[:, None]
+        step_pos, step_slots = torch.where(real, at, 0), torch.where(real, at, L - 1)
+        step_visible = (torch.arange(L, device=device) <= at[..., None]) & real[..., None]
+        pred = drafter.forward_rows(in_rows(drafter.embed_tokens(xs[-1]), R)[:, None], pred.reshape(R * n, 1, -1),
+                                    in_rows(step_pos, R), in_rows(step_slots, R), in_rows(step_visible, R),
+                                    rows).view(R, n, -1)
+    return torch.stack(xs, 1), torch.stack(qs, 1)
+
+
+class ChainRounds(DrafterRounds):
+    """Rounds of gamma chain drafts (chain.py) for a batch, three host syncs per round: the round's host integers
+    go to the device in one copy, the images' uniforms (2 gamma + 1 each, drawn ahead: drafts, tried drafts, the
+    next token; each generator then advances by what it used) in another; drafts, acceptance and next tokens are
+    drawn on the device (chain.accept_chains) into a token buffer (self.buf), and one read per round, the accepted
+    lengths, tells the host where every image stands."""
+
+    def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
+                static: bool) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        self.images, self.static = images, static
+        self.buf = torch.zeros(self.B, self.N + self.drafting.gamma + 1, dtype=torch.long, device=self.device)
+        self.buf[:, 0] = self.first
+        return images
+
+    def draft(self, images: list[Image]) -> None:
+        """One batched catch-up, then the drafter steps (chain_drafts) over the active images (an image with fewer
+        drafts left takes part as padding); compiled (self.static): over every image's rows at fixed shapes.
+        Sets self.X [n, G] (drafts), self.q [n, G, V] (their distributions)."""
+        params, device, gamma, T = self.params, self.device, self.drafting.gamma, self.target.args.cls_token_num
+        R = images[0].pend_emb.shape[0]
+        self.g = [min(gamma, self.N - im.n) for im in images]
+        # the drafting plan of every image in the pass: the active ones, or (static) all of them, finished ones as
+        # padding (no catch-up inputs, no drafts wanted)
+        plan = self.images if self.static else images
+        active = {im.index for im in images}
+        wanted = dict(zip((im.index for im in images), self.g))
+        lengths = [im.pend_emb.shape[1] if im.index in active else 0 for im in plan]
+        self.index, done, starts, pending, gs = to_device(
+            device, [im.index for im in images], [im.n for im in plan], [im.start for im in plan], lengths,
+            [wanted.get(im.index, 0) for im in plan])
+        # the active images' rows of the plan (static: the plan is every image, in index order)
+        self.done, self.gs = (done[self.index], gs[self.index]) if self.static else (done, gs)
+        self.uniforms = None if params.greedy else Uniforms([im.generator for im in images], 2 * gamma + 1, device)
+        u = None if params.greedy else self.uniforms.u
+        self.rows = forward_rows_of(self.index, self.B, R)
+        S = max(lengths)
+        if self.static:  # one graph per catch-up width: gamma + 1, and the first round's condition length if longer
+            S = max(S, gamma + 1)
+            if u is not None:
+                u = u.new_zeros(self.B, u.shape[1]).index_copy_(0, self.index, u)
+        emb = pack([im.pend_emb[:, : n] for im, n in zip(plan, lengths)], S)
+        hidden = pack([im.pend_h[:, : n] for im, n in zip(plan, lengths)], S)
+        pos, slots, visible = ragged(starts, pending, S, R, self.drafter.cache_len)
+        step = compiled.compiled_step(chain_drafts, device) if self.static else chain_drafts
+        X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
+                    (pending - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
+        if self.static:
+            X, q = X[self.index], q[self.index]
+        for im, g in zip(images, self.g):
+            im.stats.drafter_forwards += g  # the catch-up, then g - 1 steps
+        self.X, self.q = X, q
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:
+        target_forward's static shape)."""
+        R = images[0].pend_emb.shape[0]
+        seq = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
+        Q = self.target.args.cls_token_num + self.done - 1
+        pos, slots, visible = ragged(Q, self.gs + 1, seq.shape[1], R, self.target.cache_len)
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(self.target, self.rows, in_rows(seq, R), pos, slots, visible, width)
+
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """Acceptance and the next token of every active image on the device, then the one read of the round."""
+        n, R, T, N = len(images), images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N
+        index = self.done[:, None] + torch.arange(logits.shape[1], device=self.device)
+        P = batch_probs(logits, self.params, index)
+        u = None if self.uniforms is None else self.uniforms.u
+        a, token = accept_chains(P, self.q, self.X, self.gs, u, self.params, self.table, self.rule)
+        self.buf[self.index[:, None], self.done[:, None] + torch.arange(self.X.shape[1], device=self.device)] = self.X
+        self.buf[self.index, self.done + a] = token  # past the image's end when the drafts completed it: unread
+        used = []
+        for i, (im, a_i, g) in enumerate(zip(images, a.tolist(), self.g)):  # the round's one read
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(g)
+            done = im.n + a_i == N  # the drafts completed the image: no bonus token past its end
+            used.append(g + min(a_i + 1, g) + (not done))
+            if done:
+                im.n = N
+                continue
+            im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n : im.n + a_i + 1]).expand(R, -1, -1)
+            im.pend_h = hidden[i::n, : a_i + 1]
+            im.start = T + im.n - 1
+            im.n += a_i + 1
+        if self.uniforms is not None:
+            self.uniforms.used(used)
+
+    def finish(self, images: list[Image], timer: StepTimer) -> tuple[Tensor, list[ImageStats]]:
+        self.drafter.clear_cache()
+        return finish(self.target, images, timer, self.buf[:, : self.N])
