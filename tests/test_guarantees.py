@@ -255,3 +255,35 @@ def test_a_jobs_error_reaches_stderr_when_its_log_is_on_a_full_disk(tmp_path):
 
 def test_the_snakefile_runs_jobs_behind_the_error_prefix():
     assert "{SHELL_PREFIX}" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+
+
+# -- every figure renders from any legal table ---------------------------------------------------------------------
+TABLE_FIGURES = ["tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "acceptance_map"]
+# columns a legal run leaves empty: no speed-up when n_images <= latency_images and in_job_vanilla is false (a small
+# llamagen run), no precision / recall below 4 images, no class accuracy outside the toy world, no CLIP score where
+# no caption or class name reaches it (FID and KID are always there: evaluate refuses fewer than 2 images)
+EMPTY = {"speed-up": ["speedup", "speedup_se"],
+         "quality": ["precision", "recall", "precision_se", "recall_se", "clip_score", "class_accuracy"]}
+EMPTY["both"] = EMPTY["speed-up"] + EMPTY["quality"]
+
+
+@pytest.fixture(scope="module")
+def legal_tables(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("legal")
+    shards, metrics = make_sweep(root)
+    assert cli(tables(shards, metrics, root / "tables")) == 0
+    return root / "tables"
+
+
+@pytest.mark.parametrize("empty", list(EMPTY))
+@pytest.mark.parametrize("name", TABLE_FIGURES)
+def test_every_figure_renders_with_empty_columns(name, empty, legal_tables, tmp_path, capsys):
+    """Before: `figure tree_budget` with an empty speed-up column stopped with "Data cannot be log-scaled"."""
+    folder = tmp_path / "tables"
+    shutil.copytree(legal_tables, folder)
+    sweep = pd.read_csv(folder / "sweep.csv")
+    sweep[[c for c in EMPTY[empty] if c in sweep]] = float("nan")
+    sweep.to_csv(folder / "sweep.csv", index=False)
+    rc = cli(["figure", name, "--tables", str(folder), "--out", str(tmp_path / f"{name}.png")])
+    assert rc == 0, capsys.readouterr().err
+    assert Image.open(tmp_path / f"{name}.png").format == "PNG"
