@@ -470,7 +470,7 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if cfg["world"] == "llamagen":
         check_vq_downsample(cfg)
         _check_llamagen_checkpoints(cfg)
-        check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg))
+        check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg), target_source(cfg) == "authors")
     return cfg
 
 
