@@ -14,7 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from lantern.pipeline.cli import SHELL_PREFIX, main as cli
+from lantern.pipeline.cli import main as cli
 from test_bad_inputs import CONFIG, TOY, assert_one_line, config_file, lantern_cmd, merge, run
 from test_tables import make_sweep
 
@@ -244,6 +244,8 @@ def test_cores_0_is_refused_at_parse_time(tmp_path):
 def test_a_jobs_error_reaches_stderr_when_its_log_is_on_a_full_disk(tmp_path):
     """A rule runs `lantern ... > {log} 2>&1` behind the Snakefile's shell prefix. With the log on a full disk
     (/dev/full: every write fails with ENOSPC) the job's one line still reaches Snakemake's stderr."""
+    from lantern.pipeline.cli import SHELL_PREFIX
+
     cmd = " ".join(lantern_cmd("sample", "--target", str(TOY / "target.pt"), "--vq", str(TOY / "vq.pt"), "--end", "2",
                                "--out", str(tmp_path / "out"), "--device", "mps"))
     r = subprocess.run(["bash", "-c", f"set -euo pipefail; {SHELL_PREFIX}{cmd} > /dev/full 2>&1"],
