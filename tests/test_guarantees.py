@@ -79,7 +79,8 @@ def test_evaluate_refuses_a_damaged_shard_naming_it_and_the_redraw(damage, shard
     rc = cli(evaluate_args(copy, tmp_path / "row.json"))
     captured = capsys.readouterr()
     assert_one_line(rc, captured.out, captured.err, rf"shard {copy} {pattern}|shard {copy}: {pattern}")
-    assert f"redraw it: `rm -r {copy}`" in captured.err
+    assert f"redraw it and what was computed from it: add `--forcerun={copy}` to the same snakemake command" \
+        in captured.err
     assert not (tmp_path / "row.json").exists()
 
 
@@ -107,7 +108,7 @@ def test_tables_refuse_a_shard_missing_an_image(sweep, capsys):
     (shards[0] / "images" / "000001.png").unlink()
     rc = cli(tables(shards, metrics, root / "tables"))
     captured = capsys.readouterr()
-    assert_one_line(rc, captured.out, captured.err, rf"shard {shards[0]} holds 2 of the 3 images .* `rm -r {shards[0]}`")
+    assert_one_line(rc, captured.out, captured.err, rf"shard {shards[0]} holds 2 of the 3 images .* `--forcerun={shards[0]}`")
     assert not (root / "tables").exists()
 
 

@@ -29,8 +29,11 @@ def image_record(shard: Path, start: int, end: int) -> dict:
 
 
 def redraw(shard: Path) -> str:
-    return (f"redraw it: `rm -r {shard}` and run the same snakemake command again (its images are deterministic, "
-            "so the redraw is byte-identical)")
+    # --forcerun rather than deleting the shard: Snakemake does not remake a missing input of outputs it holds up to
+    # date (tables, figures), while a forced job reruns with everything computed from it. With `=`, the option takes
+    # one value (a bare --forcerun would swallow the targets after it).
+    return (f"redraw it and what was computed from it: add `--forcerun={shard}` to the same snakemake command (its "
+            "images are deterministic, so the redraw is byte-identical)")
 
 
 def read_manifest(shard: Path) -> dict:
