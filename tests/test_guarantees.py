@@ -61,12 +61,17 @@ def change_one(s: Path):
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(s / "images" / "000001.png")
 
 
+def lose_all(s: Path):
+    shutil.rmtree(s / "images")
+
+
 def add_one(s: Path):
     shutil.copy(s / "images" / "000000.png", s / "images" / "000009.png")
 
 
 DAMAGES = {"one-png-deleted": (lose_one, r"holds 3 of the 4 images its manifest records \(1 missing, e\.g\. "
                                          r"images/000002\.png\)"),
+           "every-png-deleted": (lose_all, r"holds 0 of the 4 images its manifest records \(4 missing"),
            "one-png-changed": (change_one, r"images/000001\.png is not the image its manifest records"),
            "one-png-added": (add_one, r"holds 1 image\(s\) its manifest does not record")}
 
