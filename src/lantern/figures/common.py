@@ -43,6 +43,21 @@ def draw_absent(ax, what: str) -> None:
     ax.set_yticks([])
 
 
+def note_dropped(fig, names: list[str]) -> None:
+    """A figure that leaves out a panel column the run left empty says which, under its panels."""
+    if names:
+        fig.supxlabel(f"not measured in this run, so not drawn: {', '.join(names)}", fontsize=8.5, color="0.4")
+
+
+def legend_entries(axes) -> tuple[list, list[str]]:
+    """Every panel's labelled artists, once each (a panel drawn as absent holds none)."""
+    found = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(text, handle)
+    return list(found.values()), list(found)
+
+
 def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
     if tables is None:
         raise UserError(f"this figure reads {name}; pass --tables <outdir>/tables (written by `lantern tables`)")

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from lantern.engine.methods import label
 from lantern.errors import UserError
-from lantern.figures.common import draw_absent, modes, read_sweep, speed_label
+from lantern.figures.common import draw_absent, legend_entries, modes, read_sweep, speed_label
 from lantern.figures.style import color, marker
 
 LINESTYLES = {"chain": ":", "static": "-", "dynamic": "--"}
@@ -76,11 +76,7 @@ def plot(inputs, p: Params):
             ax.set_xlabel("node budget: drafts verified per target forward")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{mode}: {title}")
-    # every panel's lines, once each: the speed-up panel (which adds AR's 1x line) may be empty
-    legend = {}
-    for ax in axes[0]:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(text, handle)
-    fig.legend(list(legend.values()), list(legend), loc="outside right center")
+    # every panel's lines: the speed-up panel (which adds AR's 1x line) may be drawn as absent
+    fig.legend(*legend_entries(axes[0]), loc="outside right center")
     fig.suptitle("Static vs dynamic draft trees at matched node budgets")
     return fig
