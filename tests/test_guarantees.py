@@ -143,6 +143,23 @@ def test_summary_says_when_points_differ_in_image_count(sweep):
     assert "**Image counts differ between points** (3 images: exact-chain-g4; 6 images:" in summary
 
 
+def test_the_samples_figure_refuses_an_image_it_shows_that_changed(sweep, capsys):
+    root, shards, metrics = sweep
+    assert cli(tables(shards, metrics, root / "tables")) == 0
+    shard = root / "gen" / "sampling" / "vanilla" / "shard0"
+    manifest = json.loads((shard / "manifest.json").read_text())
+    from lantern.metrics.shards import image_record
+
+    (shard / "manifest.json").write_text(json.dumps({**manifest, "images": image_record(shard, 0, 3)}))
+    change_one(shard)
+    rc = cli(["figure", "samples", "--tables", str(root / "tables"), "--gen", str(root / "gen"), "--mode", "sampling",
+              "--out", str(root / "samples.png")])
+    captured = capsys.readouterr()
+    assert_one_line(rc, captured.out, captured.err, r"shard .*sampling/vanilla/shard0: images/000001\.png is not the "
+                                                    r"image its manifest records")
+    assert not (root / "samples.png").exists()
+
+
 def test_the_samples_figure_refuses_a_damaged_shard(sweep, capsys):
     root, shards, metrics = sweep
     assert cli(tables(shards, metrics, root / "tables")) == 0
