@@ -80,7 +80,8 @@ def test_hf_target_converts_to_the_same_logits(tmp_path, capsys, kind, shards):
     spec = json.loads(capsys.readouterr().out.split("--target-spec ")[1].strip().strip("'"))
     assert spec["model_type"] == kind and spec["image_tokens"] == 16 and spec["cls_token_num"] == upstream.args.cls_token_num
     obj = read_checkpoint(tmp_path / "gpt.pt")
-    assert set(obj) == {"model"} and set(obj["model"]) == set(sd)
+    assert set(obj) == {"model", "args"} and set(obj["model"]) == set(sd)
+    assert obj["args"]["image_tokens"] == 16  # the grid travels with the weights, which do not show it
     model = load_weights(GPT(upstream.args), extract_state_dict(obj)).eval()
     T = upstream.args.cls_token_num
     cond = torch.tensor([1, 3]) if kind == "c2i" else torch.randn(2, T, 12)

@@ -77,3 +77,22 @@ def check_feature_layers(layers, n_layer: int) -> None:
         hint = f"e.g. {example}" if example else "or [] (it has no layer below its last)"
         raise UserError(f"drafter feature_layers {list(layers)} must lie below the target's last layer ({n_layer - 1}: "
                         f"its output is h_t, read anyway); pick layers of its {n_layer}, {hint}")
+
+
+# The one place device strings are checked (the config's `device` and every subcommand's --device, through
+# engine.models.checkpoint.parse_device): torch accepts mps, xpu, meta and more, which the decoders were never run on, and
+# those ended in a PyTorch traceback halfway through a job. No torch here: the config check runs at every start.
+DEVICES = "auto, cpu, cuda or cuda:<index>"
+
+
+def check_device_name(name, where: str = "device") -> str:
+    """`name` when it is auto, cpu, cuda or cuda:N; otherwise one UserError line naming `where`."""
+    import re
+
+    if isinstance(name, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", name):
+        return name
+    said = f"{where} {name!r}" if where.startswith("--") else f"{where} = {name!r}"  # a flag, or a config key
+    kind = str(name).split(":")[0].strip().lower()
+    if kind in ("mps", "xpu", "hip", "xla", "meta", "hpu", "mtia", "ipu", "vulkan", "maia", "privateuseone", "lazy"):
+        raise UserError(f"{said}: {kind} devices are not supported; use {DEVICES}")
+    raise UserError(f"{said} is not a supported device; use {DEVICES}")

@@ -11,6 +11,7 @@ from lantern.pipeline.config import (data_params, drafter_source, evaluate_param
 from lantern.engine.methods import (decoder_spec, mode_points, needs_drafter, needs_neighbours, relaxation_axes,
                                    speculative)
 from lantern.errors import UserError
+from lantern.pipeline.cli import SHELL_PREFIX
 
 
 def validate(cfg):
@@ -28,6 +29,10 @@ def as_arg(obj):
     return shlex.quote(json.dumps(obj, sort_keys=True))
 
 
+# `--cores 0` plans jobs that never start (Snakemake then waits forever): say so before anything is planned.
+if getattr(workflow, "_cores", None) == 0:
+    sys.exit("error: --cores 0 gives jobs no core to run on, so nothing would ever start; use --cores N (N >= 1) "
+             "or --cores all")
 validate(config)
 OUT = config["outdir"]
 TOY = config["world"] == "toy"
@@ -40,7 +45,9 @@ SHARDS = range(config["sweep"]["shards"])
 # Rules call the `lantern` console scripts. When no environment providing them is active (`.venv/bin/snakemake`
 # run directly), jobs find them beside the interpreter running Snakemake: appended, so an activated environment or
 # a rule's conda environment (--use-conda) comes first.
-shell.prefix(f'set -euo pipefail; export PATH="$PATH:{Path(sys.executable).parent}"; ')
+# SHELL_PREFIX keeps Snakemake's stderr open for a job's one-line error, which then shows even when the job's log
+# (its stdout and stderr) lies on a full disk.
+shell.prefix(f'set -euo pipefail; export PATH="$PATH:{Path(sys.executable).parent}"; {SHELL_PREFIX}')
 
 
 wildcard_constraints:

@@ -34,6 +34,30 @@ def speed_label(df: pd.DataFrame) -> str:
     return f"speed-up over AR (×, {', '.join(kinds)})" if kinds else "speed-up over AR (×)"
 
 
+def draw_absent(ax, what: str) -> None:
+    """A panel whose column the run left empty (a legal run can: no speed-up when no image was timed against plain
+    AR, no precision / recall below 4 images) says so instead of stopping the whole figure."""
+    ax.text(0.5, 0.5, f"{what}: not measured in this run", transform=ax.transAxes, ha="center", va="center",
+            fontsize=9, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def note_dropped(fig, names: list[str]) -> None:
+    """A figure that leaves out a panel column the run left empty says which, under its panels."""
+    if names:
+        fig.supxlabel(f"not measured in this run, so not drawn: {', '.join(names)}", fontsize=8.5, color="0.4")
+
+
+def legend_entries(axes) -> tuple[list, list[str]]:
+    """Every panel's labelled artists, once each (a panel drawn as absent holds none)."""
+    found = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(text, handle)
+    return list(found.values()), list(found)
+
+
 def read_table(tables: Path | None, name: str, columns: list[str]) -> pd.DataFrame:
     if tables is None:
         raise UserError(f"this figure reads {name}; pass --tables <outdir>/tables (written by `lantern tables`)")

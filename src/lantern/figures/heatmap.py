@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lantern.errors import UserError
-from lantern.figures.common import fid_label, modes, read_sweep, with_shape
+from lantern.figures.common import fid_label, modes, note_dropped, read_sweep, with_shape
 
 LABELS = {"tau_incl_bonus": ("τ (bonus counted)", "viridis"), "speedup": ("speed-up over AR (×, headline)", "viridis"),
           "speedup_vs_vanilla": ("speed-up over AR (×, across jobs)", "viridis"),
@@ -62,4 +62,5 @@ def plot(inputs, p: Params):
             ax.grid(False)
             ax.set_title(f"{mode}, {shape}: {label.split(' (')[0]}", fontsize=9.5)
             fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+    note_dropped(fig, [LABELS[v][0].split(" (")[0] for v in p.values if v not in values])
     return fig

@@ -12,6 +12,7 @@ from PIL import Image
 from lantern.errors import UserError
 from lantern.io import read_csv
 from lantern.figures.common import modes, pick, read_sweep, short_label
+from lantern.metrics.shards import verify_shard
 
 
 @dataclass
@@ -59,8 +60,12 @@ def plot(inputs, p: Params):
     mode = modes(sweep, inputs.mode)[0]
     chosen = pick(sweep, p.points, mode)
     indices = p.indices or list(range(min(p.columns, int(chosen["n_images"].min()))))
+    shown = {f"{i:06d}.png" for i in indices}
     paths = {}
     for point in chosen["point"]:
+        for shard in sorted((inputs.gen / mode / point).glob("shard*")):  # the gallery shows what its tables measured
+            if shard.is_dir() and not shard.name.endswith(".partial"):
+                verify_shard(shard, digests=shown)
         for i in indices:
             paths[point, i] = image_path(inputs.gen, mode, point, i)
             if paths[point, i] is None:

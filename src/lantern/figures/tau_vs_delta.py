@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from lantern.errors import UserError
-from lantern.figures.common import modes, read_sweep, speed_label, with_shape
+from lantern.figures.common import draw_absent, legend_entries, modes, read_sweep, speed_label, with_shape
 from lantern.figures.style import color
 
 SYMBOLS = {"delta": "δ (TV budget)", "lam": "λ (relative bound)"}
@@ -41,6 +41,10 @@ def plot(inputs, p: Params):
         for c, (col, ylabel) in enumerate((("tau_incl_bonus", "τ: tokens per target forward\n(bonus counted)"),
                                            ("speedup", speed_label(df)))):
             ax = axes[r, c]
+            if part[col].isna().all():  # no speed-up in a run that timed no image against plain AR
+                draw_absent(ax, "speed-up" if col == "speedup" else "τ")
+                ax.set_title(f"{mode}: {'speed-up' if col == 'speedup' else 'τ'}")
+                continue
             for s, shape in enumerate(shapes):
                 members = part[part["shape"] == shape]
                 for k, line in members.groupby("k"):
@@ -59,7 +63,6 @@ def plot(inputs, p: Params):
             xs = np.sort(part[p.x].unique())
             ax.set_xticks(xs)
             ax.set_xticklabels([f"{x:g}" for x in xs])
-    handles, labels = axes[0, 1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center")
+    fig.legend(*legend_entries(axes[0]), loc="outside right center")
     fig.suptitle(f"{'LANTERN' if p.method == 'lantern' else p.method}: acceptance and speed vs relaxation")
     return fig

@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 
 from lantern.errors import UserError
 from lantern.engine.methods import label
-from lantern.figures.common import fid_label, modes, read_sweep, short_label, speed_label
+from lantern.figures.common import draw_absent, fid_label, modes, note_dropped, read_sweep, short_label, speed_label
 from lantern.figures.style import DRAFT_MARKERS, color, marker
 from lantern.pipeline.relative import SE_COLUMNS
 
@@ -58,6 +58,7 @@ def plot(inputs, p: Params):
         raise UserError(f"tradeoff: sweep.csv has no values for {', '.join(p.metrics)}; run the metrics rules first")
     rows = modes(df, inputs.mode)
     df = df[df["mode"].isin(rows)]
+    dropped = [METRICS[m][0].split(" (")[0] for m in p.metrics if m not in metrics]
     # one number per point name across modes and panels (sweep.csv is already in paper order)
     number = {pt: i + 1 for i, pt in enumerate(dict.fromkeys(df.loc[df["name"] != "vanilla", "point"]))}
     labels = {r["point"]: short_label(r) for _, r in df.iterrows()}
@@ -70,6 +71,10 @@ def plot(inputs, p: Params):
             title, higher = METRICS[metric]
             title = fid_label(df) if metric == "fid" else title
             pts = part[part[metric].notna()].reset_index(drop=True)
+            if pts.empty:  # no speed-up in this mode (no image timed against plain AR), or no value of the metric
+                draw_absent(ax, "speed-up" if part.empty else title.split(" (")[0])
+                ax.set_title(f"{mode}: speed-up vs {title.split(' (')[0]}")
+                continue
             se = pts[SE_COLUMNS[metric]].to_numpy(float) if SE_COLUMNS.get(metric) in pts else np.full(len(pts), np.nan)
             base = (pts["point"] == "vanilla").to_numpy()
             if base.any() and np.isfinite(se[base][0]):
@@ -95,6 +100,7 @@ def plot(inputs, p: Params):
             ax.set_ylabel(speed_label(part))
             ax.set_title(f"{mode}: speed-up vs {title.split(' (')[0]}")
             ax.margins(x=0.08, y=0.08)
+    note_dropped(fig, dropped)
     present = df[["name", "drafting"]].drop_duplicates()
     handles = [Line2D([], [], color=color(n), marker="*" if n == "vanilla" else "o", markersize=9 if n == "vanilla" else 6,
                       linestyle="", label=label(n)) for n in dict.fromkeys(present["name"])]

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from lantern.engine.methods import label
 from lantern.errors import UserError
-from lantern.figures.common import modes, read_sweep, speed_label
+from lantern.figures.common import draw_absent, legend_entries, modes, read_sweep, speed_label
 from lantern.figures.style import color, marker
 
 LINESTYLES = {"chain": ":", "static": "-", "dynamic": "--"}
@@ -57,6 +57,10 @@ def plot(inputs, p: Params):
         for c, (col, title, ylabel) in enumerate(PANELS):
             ax = axes[r, c]
             ylabel = ylabel or speed_label(part)
+            if part[col].isna().all():  # e.g. no speed-up: n_images <= latency_images and in_job_vanilla false
+                draw_absent(ax, title)
+                ax.set_title(f"{mode}: {title}")
+                continue
             for (name, drafting), line in part.groupby(["name", "drafting"], sort=False):
                 # one line per family and drafting kind: where several relaxation settings share a budget, the one
                 # with the highest tau stands for it (exact families have one setting)
@@ -72,7 +76,7 @@ def plot(inputs, p: Params):
             ax.set_xlabel("node budget: drafts verified per target forward")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{mode}: {title}")
-    handles, labels = axes[0, -1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center")
+    # every panel's lines: the speed-up panel (which adds AR's 1x line) may be drawn as absent
+    fig.legend(*legend_entries(axes[0]), loc="outside right center")
     fig.suptitle("Static vs dynamic draft trees at matched node budgets")
     return fig

@@ -30,6 +30,7 @@ from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
 from lantern.metrics.images import ImageSet
 from lantern.params import params_from
 from lantern.metrics.reference import FidStatistics, load_reference
+from lantern.metrics.shards import shard_of, verify_shard
 from lantern.metrics.speed import read_stats, summarize
 
 
@@ -128,6 +129,9 @@ def main(argv: list[str]) -> None:
     p = params_from(read_structured(a.params), EvaluateParams)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    for folder in a.images:  # a shard that lost or changed an image would give a row on fewer images, silently
+        if (shard := shard_of(folder)) is not None:
+            verify_shard(shard)
     images = ImageSet.from_folders(a.images, "generated images")
     reference = load_reference(a.reference)
     captions = read_captions(a.captions, p.clip.class_names) if a.captions else None

@@ -24,7 +24,7 @@ from lantern.errors import UserError
 from lantern.hparams import ClassifierParams
 from lantern.io import read_structured, write_json
 from lantern.metrics.classifier import ToyClassifier, load_classifier, predict, save_classifier
-from lantern.params import add_threads_arg, params_from, use_threads, with_threads
+from lantern.params import add_threads_arg, check_device_name, params_from, use_threads, with_threads
 from lantern.worlds.toy.data import load_data, reconstruct
 
 
@@ -78,6 +78,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
     add_threads_arg(ap)
     a = ap.parse_args(argv)
+    check_device_name(a.device, "--device")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {a.device}: no CUDA device here; use --device cpu or auto")

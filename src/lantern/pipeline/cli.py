@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lantern.errors import UserError
@@ -35,6 +36,27 @@ COMMANDS = {
 }
 
 
+# Snakemake rules send a job's stdout and stderr to its log (`> {log} 2>&1`); on a full disk that log cannot take
+# the error. The rules' shell prefix keeps Snakemake's own stderr open as this descriptor, so the one line reaches
+# the user whatever happened to the log.
+ERROR_FD = "LANTERN_ERROR_FD"
+SHELL_PREFIX = f"exec 3>&2; export {ERROR_FD}=3; "
+
+
+def report(line: str) -> None:
+    """The job's one error line: to the descriptor the rule kept for it (if any), then to stderr (the log)."""
+    fd = os.environ.get(ERROR_FD, "")
+    if fd.isdigit():
+        try:
+            os.write(int(fd), f"{line}\n".encode())
+        except OSError:  # not open in this process (a command run by hand with the variable set): stderr remains
+            pass
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # stderr is the log, on the full disk
+        pass
+
+
 def _one_line(parser: argparse.ArgumentParser, message: str):
     # argparse prints its usage block and exits; every user error of the CLI is one line instead
     raise UserError(f"{parser.prog}: {message}; see {parser.prog} --help")
@@ -54,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         importlib.import_module(COMMANDS[name]).main(rest)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report(f"error: {e}")
         return 2
     except OSError as e:  # a full or unwritable disk outside lantern.io's atomic writes (a job's own folders)
         from lantern.io import disk_error
@@ -62,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         error = disk_error(e)
         if error is None:
             raise
-        print(f"error: {error}", file=sys.stderr)
+        report(f"error: {error}")
         return 2
     finally:
         argparse.ArgumentParser.error = default_error

@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from lantern.errors import UserError
+from lantern.params import check_device_name
 from lantern.pipeline.config_inputs import check_llamagen_inputs, check_outdir, check_vq_downsample
 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
@@ -218,10 +219,14 @@ def _check_sweep(cfg: dict) -> None:
                         f"boundaries fall on multiples of the batch size ({shard_alignment(sweep)}): lower shards or "
                         "sweep.batch_size")
     align = shard_alignment(sweep)
-    if sweep["latency_images"] % align:
+    # latency_images caps at a mode's images, as mode_images caps n_images (config.yaml's 32 under an overlay's
+    # n_images: 4 decodes all 4 alone); only where batches follow the images decoded alone must they end on a batch
+    # boundary, since the batches start there
+    batched = [m for m in sweep["modes"] if sweep["latency_images"] < mode_images(sweep, m)]
+    if batched and sweep["latency_images"] % align:
         raise UserError(f"config: sweep.latency_images = {sweep['latency_images']} must be a multiple of every mode's "
-                        f"batch size ({align}): the images decoded alone are not decoded again in batches, which "
-                        "start where they end")
+                        f"batch size ({align}) when {batched[0]} decodes more images ({mode_images(sweep, batched[0])}): "
+                        "the images decoded alone are not decoded again in batches, which start where they end")
     # A mode that does not run keeps its entry unread: a layered config (smoke.yaml, --config sweep=...) that drops
     # greedy from modes cannot delete config.yaml's mode_images.greedy, as Snakemake merges dictionaries.
     for mode, m in sweep.get("mode_images", {}).items():
@@ -237,6 +242,38 @@ def _check_sweep(cfg: dict) -> None:
             j, size, c = too_many[0]
             raise UserError(f"config: sweep.mode_images.{mode} = {m} puts {c} images in shard {j}, which holds "
                             f"{size} of the sweep's n_images; lower mode_images.{mode} or raise n_images")
+
+
+def proximity_codebooks(cfg: dict) -> dict[str, int]:
+    """The codebook of every world `lantern proximity` runs on (its job names: toy-default, toy-clean, llamagen)."""
+    if cfg["world"] == "llamagen":
+        return {"llamagen": codebook_size(cfg)}
+    from lantern.hparams import VQParams
+
+    worlds = ("default", "clean") if cfg["toy"]["clean_world"] else ("default",)
+    return {f"toy-{w}": int(vq_params(cfg, w).get("codebook_size", VQParams().codebook_size)) for w in worlds}
+
+
+def _check_proximity(cfg: dict) -> None:
+    """proximity.ranks, checked here rather than by the proximity job, after toy data, neighbours and tokenize ran:
+    distinct, and each rank an existing neighbour in every world's codebook (the m-th nearest of codes - 1 others).
+    Every world's table is built with max(neighbours.max_k, the largest rank) columns, so max_k is checked too."""
+    prox = cfg["proximity"]
+    if not prox["enabled"]:
+        return
+    ranks = prox["ranks"]
+    twice = [m for i, m in enumerate(ranks) if m in ranks[:i]]
+    if twice:
+        raise UserError(f"config: proximity.ranks = {json.dumps(ranks)} lists {twice[0]} twice; list each rank once")
+    top = max([m for m in ranks if m != "random"], default=0)
+    for world, codes in proximity_codebooks(cfg).items():
+        if top > codes - 1:
+            raise UserError(f"config: proximity.ranks holds {top}, but the {world} world's codebook has {codes} codes "
+                            f"({codes - 1} neighbours per code); keep proximity.ranks at or below {codes - 1}")
+        if cfg["neighbours"]["max_k"] > codes - 1:
+            raise UserError(f"config: neighbours.max_k = {cfg['neighbours']['max_k']} exceeds the {codes - 1} other "
+                            f"codes of the {world} world's codebook, whose proximity table has max_k columns; lower "
+                            "neighbours.max_k or set proximity.enabled: false")
 
 
 def _check_metric_sizes(cfg: dict) -> None:
@@ -422,16 +459,18 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     if errors:
         raise _schema_error(jsonschema.exceptions.best_match(errors))
     _check_integers(cfg, schema)
+    check_device_name(cfg["device"], "config: device")
     check_outdir(cfg)
     _fill_llamagen(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
     _check_metric_sizes(cfg)
     _check_toy_params(cfg)
+    _check_proximity(cfg)
     if cfg["world"] == "llamagen":
         check_vq_downsample(cfg)
         _check_llamagen_checkpoints(cfg)
-        check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg))
+        check_llamagen_inputs(cfg, drafter_source(cfg), target_spec(cfg), target_source(cfg) == "authors")
     return cfg
 
 

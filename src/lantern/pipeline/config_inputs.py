@@ -60,11 +60,27 @@ def check_vq_downsample(cfg: dict) -> None:
                         f"or give the VQ-{lg['downsample']} file")
 
 
-def _target_args(cfg: dict, spec: dict):
+def _target_args(cfg: dict, spec: dict, authors_target: bool = False):
+    """The target's ModelArgs from the headers of llamagen.gpt_ckpt: an upstream file, or the authors' HF target
+    (folder or weights beside its config.json), read as `lantern convert --kind target` reads it, which the
+    convert_target rule runs before any job that loads it."""
     from lantern.engine.models.checkpoint import extract_state_dict, parse_spec, target_args
-    from lantern.io import load_torch
 
     path = cfg["llamagen"]["gpt_ckpt"]
+    if authors_target:
+        from dataclasses import replace
+
+        from lantern.worlds.llamagen.convert import config_numerics, config_spec, read_hf, target_state_dict
+
+        try:
+            hf, config = read_hf(path, shapes_only=True)
+            sd = target_state_dict(hf)
+            args = target_args({}, sd, parse_spec({**config_spec(config, sd), **spec}), path)
+        except UserError as e:
+            raise _prefixed("llamagen.gpt_ckpt", e, "--src") from None
+        return replace(args, **config_numerics(config))
+    from lantern.io import load_torch
+
     obj = load_torch(path, "checkpoint", mmap=True)
     return target_args(obj, extract_state_dict(obj, path), parse_spec(spec), path)
 
@@ -114,13 +130,13 @@ def check_prompts_and_t5(cfg: dict) -> None:
                             "set llamagen.t5.path to encode them")
 
 
-def check_authors_drafter(cfg: dict, spec: dict) -> None:
+def check_authors_drafter(cfg: dict, spec: dict, authors_target: bool = False) -> None:
     """The authors' drafter folder or file: its weights present, their keys and shapes those of a drafter for the
-    configured target (headers only)."""
+    configured target (headers only), which may be the authors' HF target too (`authors_target`)."""
     from lantern.worlds.llamagen.convert import check_authors_drafter as check, read_hf
 
     path = cfg["llamagen"]["authors_drafter"]
-    args = _target_args(cfg, spec)  # a GPT already checked by validate_config
+    args = _target_args(cfg, spec, authors_target)  # a GPT already checked by validate_config
     try:
         theirs, config = read_hf(path, shapes_only=True)
         check(theirs, config, args)
@@ -162,15 +178,16 @@ def check_drafter_images(cfg: dict) -> None:
                         f"llamagen.drafter.images {root}; lower llamagen.drafter.n_images to <= {have} or add images")
 
 
-def check_llamagen_inputs(cfg: dict, source: str, spec: dict) -> None:
+def check_llamagen_inputs(cfg: dict, source: str, spec: dict, authors_target: bool = False) -> None:
     """Every llamagen-world input file a job would read, after validate_config checked the GPT and VQ; source: where
-    the drafter comes from (config.drafter_source), spec: the target as data (config.target_spec)."""
+    the drafter comes from (config.drafter_source), spec: the target as data (config.target_spec), authors_target:
+    llamagen.gpt_ckpt is the authors' HF target (config.target_source)."""
     lg = cfg["llamagen"]
     if lg["model_type"] == "t2i":
         check_prompts_and_t5(cfg)
     if not any(m["name"] != "vanilla" for m in cfg["sweep"]["methods"]):
         return
     if source == "authors":
-        check_authors_drafter(cfg, spec)
+        check_authors_drafter(cfg, spec, authors_target)
     elif source == "train":
         check_drafter_images(cfg)

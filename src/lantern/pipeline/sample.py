@@ -40,6 +40,7 @@ from lantern.engine.decoding.generate import generate
 from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed
 from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
+from lantern.metrics.shards import RECORD, image_record
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
 from lantern.pipeline.progress import Progress
 
@@ -365,6 +366,7 @@ def main(argv: list[str]) -> None:
         "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
+        RECORD: image_record(partial, a.start, a.end),  # what evaluate, tables and figures check before reading
         "wall_s_this_run": time.time() - started,
         "environment": environment(device),
         "determinism": determinism_settings(device),  # after the work: a compiled job has loaded inductor by now

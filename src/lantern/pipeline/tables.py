@@ -25,6 +25,7 @@ import pandas as pd
 from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
+from lantern.metrics.shards import verify_shard
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, decoded_alone, in_job_speedup, in_job_speedup_se, speedup_se
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
@@ -61,17 +62,14 @@ def read_shard(shard: Path) -> tuple[pd.DataFrame, dict]:
     for name in ("stats.csv", "manifest.json"):
         if not (shard / name).is_file():
             raise UserError(f"shard {shard} has no {name}; pass finished shard folders written by `lantern sample`")
+    # its images as many as its manifest records (evaluate checked their bytes when it computed the metrics row)
+    manifest = verify_shard(shard, digests=False)
     stats = read_csv(shard / "stats.csv", "stats table", "regenerate the shard with `lantern sample`",
                      converters={c: str for c in LIST_COLUMNS}, keep_default_na=True)
     missing = [c for c in STATS_REQUIRED if c not in stats.columns]
     if missing:
         raise UserError(f"{shard / 'stats.csv'} lacks column(s) {', '.join(missing)}; regenerate it with `lantern sample`")
-    try:
-        manifest = json.loads((shard / "manifest.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{shard / 'manifest.json'} is not valid JSON ({type(e).__name__}); regenerate the shard "
-                        "with `lantern sample`") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("method"), dict):
+    if not isinstance(manifest.get("method"), dict):
         raise UserError(f"{shard / 'manifest.json'} is not a `lantern sample` manifest (no method); regenerate the "
                         "shard")
     return stats, manifest
@@ -249,6 +247,7 @@ def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_toleranc
     rows, positions, depths, metric_cols = [], [], [], dict.fromkeys(QUALITY_COLUMNS)
     for (mode, point), shards in groups.items():
         row, pos, dep = point_rows(mode, point, shards)
+        check_counts(mode, point, row["n_images"], metrics.get((mode, point), {}))
         for key, value in metrics.get((mode, point), {}).items():
             key = f"metrics_{key}" if key in row else key
             row[key] = value
@@ -269,6 +268,27 @@ def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_toleranc
     depths = (keys.merge(pd.concat(depths, ignore_index=True), on=["mode", "point"]) if depths
               else pd.DataFrame(columns=DEPTH_COLUMNS))
     return sweep, positions, depths
+
+
+def check_counts(mode: str, point: str, n_images: int, metrics: dict) -> None:
+    """A metrics row computed on another number of images than the point's shards hold (a shard redrawn or cut
+    after its evaluation) would pair one set's speed with another's quality."""
+    used = metrics.get("n_generated")
+    if used is not None and not pd.isna(used) and int(used) != n_images:
+        raise UserError(f"metrics/{mode}/{point}.json was computed on {int(used)} images, but the shards of {mode}/"
+                        f"{point} hold {n_images}; rerun its evaluation (`rm` that file, then the same snakemake "
+                        "command)")
+
+
+def count_note(part: pd.DataFrame) -> list[str]:
+    """summary.md's line when a mode's points were measured on different numbers of images: their quality columns
+    then compare estimates of different precision, which the reader must know."""
+    counts = part.groupby("n_images")["point"].apply(list)
+    if len(counts) < 2:
+        return []
+    said = "; ".join(f"{int(n)} images: {', '.join(points)}" for n, points in counts.items())
+    return ["", f"**Image counts differ between points** ({said}): their quality values are estimated on different "
+                "numbers of images."]
 
 
 def setting(row) -> str:
@@ -323,7 +343,7 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
                 f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} | "
                 + " | ".join(speed_cell(r, c) for c in speed.values())
                 + f" | {_fmt(r['step_compression'], 2, '×')} | {quality} | {int(r['n_images'])} |")
-        lines += noise_lines(part, digits, p)
+        lines += noise_lines(part, digits, p) + count_note(part)
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
                     ("fid_extractor", "extractor", "reference_kind", "n_reference", "resolution", "resize_filter",
                      "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature",

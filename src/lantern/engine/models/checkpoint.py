@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
 from lantern.engine.models.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
+from lantern.params import check_device_name
 
 CONTAINERS = ("model", "module", "state_dict")
 # Present in some upstream files, never part of our modules.
@@ -35,6 +36,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def parse_device(name: str) -> torch.device:
+    check_device_name(name, "--device")  # before torch, which accepts devices the decoders do not run on
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:

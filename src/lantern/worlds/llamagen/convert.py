@@ -328,9 +328,11 @@ def main(argv: list[str]) -> None:
         upstream = {k: getattr(args, k) for k in numerics}
         args = replace(args, **numerics)
         # Upstream LlamaGen computes with eps 1e-5 and RoPE base 10000; other values stated in config.json travel
-        # inside the converted file (as our checkpoints carry their args), never silently replaced.
+        # inside the converted file, never silently replaced. The args travel always (as our checkpoints carry
+        # theirs): the weights do not show the token grid, and a file without it loaded under another spec (a
+        # stage-II target as stage I) decoded with logits silently off; with it, load_gpt refuses that spec.
         differs = {k: v for k, v in numerics.items() if v != upstream[k]}
-        save_torch({"model": sd, "args": args.to_dict()} if differs else {"model": sd}, a.out)
+        save_torch({"model": sd, "args": args.to_dict()}, a.out)
         spec = json.dumps(printable_spec(args))
         note = f"; carries {', '.join(f'{k} {v:g}' for k, v in differs.items())} from config.json" if differs else ""
         print(f"target {a.src} -> {a.out} ({len(sd)} tensors{note}); load it with --target-spec '{spec}'")

@@ -1,0 +1,182 @@
+"""Under faults (issue #52): a damaged shard met by a rerun, two Snakemake processes on one results folder, a job
+killed during evaluate or tables, and a full disk during evaluate. A small real DAG (shipped toy models, plain AR on 4
+images, no proximity or clean world: toy_data, tokenize, ambiguity, generate, evaluate, tables; seconds of work) is
+built once, and each test works on a copy of it."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, result_hashes, run_logged, snakemake_env, tail
+
+pytestmark = pytest.mark.slow
+
+OUT = "results/mini"
+OVERLAY = {"outdir": OUT, "threads": 1,
+           "toy": {"checkpoints": "shipped", "clean_world": False, "data": {"n_train": 64, "n_val": 16},
+                   "ambiguity": {"n_samples": 16, "n_heldout": 16, "batch": 16}},
+           "proximity": {"enabled": False},
+           "sweep": {"n_images": 4, "shards": 1, "in_job_vanilla": False, "latency_images": 0, "modes": ["sampling"],
+                     "batch_size": {"sampling": 4, "greedy": 4}, "methods": [{"name": "vanilla"}]}}
+SHARD = f"{OUT}/gen/sampling/vanilla/shard0"
+METRICS = f"{OUT}/metrics/sampling/vanilla.json"
+TABLES = f"{OUT}/tables/summary.md"
+# what two runs of this DAG agree on byte for byte (sweep.csv and summary.md hold wall times)
+SAME = ("gen/*/*/shard*/images/*.png", "metrics/*/*.json", "tables/positions.csv", "tables/depths.csv")
+HANG_GUARD_S = 3600  # only catches a hang; a busy machine never reaches it
+
+
+def cmd(workdir: Path, *args: str) -> list[str]:
+    overlay = workdir.parent / f"{workdir.name}.overlay.yaml"
+    overlay.write_text(yaml.safe_dump(OVERLAY))
+    return [sys.executable, "-m", "snakemake", "--workflow-profile", "none", "--snakefile", str(REPO / "Snakefile"),
+            "--directory", str(workdir), *args, "--configfile", str(REPO / "config" / "config.yaml"), str(overlay)]
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory) -> Path:
+    wd = tmp_path_factory.mktemp("mini") / "wd"
+    log = wd.parent / "mini.log"
+    r = run_logged(cmd(wd, "--cores", "1", TABLES), log, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, tail(log)
+    return wd
+
+
+def copy(mini: Path, tmp: Path) -> Path:
+    # copy2 keeps modification times, and .snakemake's metadata comes along: the copy is as up to date as mini
+    return shutil.copytree(mini, tmp / "wd", symlinks=True, ignore=shutil.ignore_patterns("locks"))
+
+
+def same(wd: Path) -> dict[str, str]:
+    return result_hashes(wd / OUT, SAME)
+
+
+def our_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error: ")]
+
+
+def test_a_rerun_meeting_a_lost_png_names_the_shard_and_its_redraw_gives_the_same_bytes(mini, tmp_path):
+    """Before: evaluate rerun on a shard that lost a PNG wrote a row from 3 of its 4 images, exit 0."""
+    wd = copy(mini, tmp_path)
+    (wd / SHARD / "images" / "000002.png").unlink()
+    (wd / METRICS).unlink()  # evaluate reruns (as after any change upstream of it)
+    r = subprocess.run(cmd(wd, "--cores", "1", METRICS), cwd=REPO, env=snakemake_env(), capture_output=True,
+                       text=True, timeout=HANG_GUARD_S)
+    assert r.returncode != 0
+    lines = our_lines(r.stderr)  # the job's own line, on Snakemake's stderr
+    assert lines == [f"error: shard {SHARD} holds 3 of the 4 images its manifest records (1 missing, e.g. "
+                     f"images/000002.png); redraw it and what was computed from it: add `--forcerun={SHARD}` to the "
+                     "same snakemake command (its images are deterministic, so the redraw is byte-identical)"], \
+        r.stderr[-3000:]
+    assert not (wd / METRICS).exists()
+    log = tmp_path / "redraw.log"  # what the line says, on the whole run's target
+    assert run_logged(cmd(wd, "--cores", "1", f"--forcerun={SHARD}", TABLES), log,
+                      timeout=HANG_GUARD_S).returncode == 0, tail(log)
+    assert same(wd) == same(mini)
+
+
+def start(wd: Path, log: Path, *targets: str) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd(wd, "--cores", "1", *targets), cwd=REPO, env=snakemake_env(), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(job: subprocess.Popen, path: Path, log: Path) -> None:
+    """Until `path` exists (a job's log: the job has started), while the run is alive."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not path.exists():
+        assert job.poll() is None, f"the run ended before {path.name} appeared:\n{tail(log)}"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_two_snakemake_processes_on_one_results_folder_never_interleave(mini, tmp_path):
+    """The second refuses (Snakemake's lock on the working directory) while the first holds it; the first then
+    finishes with the bytes of an undisturbed run."""
+    wd = copy(mini, tmp_path)
+    shutil.rmtree(wd / SHARD)
+    (wd / METRICS).unlink()
+    job_log = wd / OUT / "logs" / "generate" / "sampling" / "vanilla" / "shard0.log"
+    job_log.unlink()  # the copy holds the finished run's
+    first_log = tmp_path / "first.log"
+    first = start(wd, first_log, METRICS)
+    try:
+        wait_for(first, job_log, first_log)
+        os.killpg(first.pid, signal.SIGSTOP)  # the first run holds the lock mid-job, as long as this test needs
+        second = subprocess.run(cmd(wd, "--cores", "1", METRICS), cwd=REPO, env=snakemake_env(), capture_output=True,
+                                text=True, timeout=HANG_GUARD_S)
+        assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
+        os.killpg(first.pid, signal.SIGCONT)
+        assert first.wait(timeout=HANG_GUARD_S) == 0, tail(first_log)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert same(wd) == same(mini)
+
+
+@pytest.mark.parametrize("rule, target, job_log, outputs", [
+    ("evaluate", METRICS, "evaluate/sampling/vanilla.log", [METRICS]),
+    ("tables", TABLES, "tables.log", [f"{OUT}/tables/{n}" for n in ("sweep.csv", "positions.csv", "depths.csv",
+                                                                      "summary.md")]),
+])
+def test_a_job_killed_mid_run_resumes_to_the_same_bytes(rule, target, job_log, outputs, mini, tmp_path):
+    """SIGKILL to Snakemake and its job (a node failure) once the job has started: no output is left half-written
+    (each is absent or complete), and --unlock plus the same command give the undisturbed run's bytes."""
+    wd = copy(mini, tmp_path)
+    for o in outputs:
+        (wd / o).unlink()
+    (wd / OUT / "logs" / job_log).unlink()
+    log = tmp_path / "killed.log"
+    job = start(wd, log, target)
+    try:
+        wait_for(job, wd / OUT / "logs" / job_log, log)
+        os.killpg(job.pid, signal.SIGKILL)
+    finally:
+        job.wait()
+    for o in outputs:  # every write is renamed into place when complete: what exists is whole
+        if not (wd / o).exists():
+            continue
+        if o.endswith(("summary.md", "sweep.csv")):  # wall times differ between runs, the rows do not
+            assert len((wd / o).read_text().splitlines()) == len((mini / o).read_text().splitlines())
+        else:
+            assert (wd / o).read_bytes() == (mini / o).read_bytes()
+    assert run_logged(cmd(wd, "--unlock", target), tmp_path / "unlock.log").returncode == 0
+    r = run_logged(cmd(wd, "--cores", "1", "--rerun-incomplete", target), log, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, tail(log)
+    assert same(wd) == same(mini)
+
+
+def test_a_full_disk_during_evaluate_is_one_line_and_leaves_nothing(mini, tmp_path, monkeypatch, capsys):
+    """The disk fills while evaluate writes: one line naming the file and what to free, no metrics file and no
+    temporary file left (the same command then resumes)."""
+    from lantern.pipeline.cli import main as cli
+    from lantern.pipeline.config import evaluate_params, merge_config, validate_config
+    from test_bad_inputs import assert_one_line, enospc_on_write
+
+    wd = copy(mini, tmp_path)
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg = validate_config(merge_config(base, json.loads(json.dumps({**OVERLAY, "outdir": str(wd / OUT)}))))
+    toy = REPO / "models" / "toy" / "default"
+    params = evaluate_params(cfg, str(toy / "clip.pt"), str(toy / "classifier.pt"))
+    out = wd / OUT / "metrics" / "full.json"
+    args = ["evaluate", "--images", str(wd / SHARD / "images"), "--reference",
+            str(wd / OUT / "toy" / "default" / "data" / "val.pt"), "--captions", str(wd / SHARD / "stats.csv"),
+            "--out", str(out), "--params", json.dumps(params), "--threads", "1"]
+    enospc_on_write(monkeypatch)
+    rc = cli(args)
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert_one_line(rc, captured.out, captured.err, r"cannot write \S+: no space left on the device \(ENOSPC\); free "
+                                                    r"space on the file system of")
+    assert not out.exists()
+    assert not list((wd / OUT).rglob("*.tmp")), "a temporary file was left behind"
+    assert cli(args) == 0 and out.is_file()  # room again: the same command completes
+    capsys.readouterr()
