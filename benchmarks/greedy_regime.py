@@ -23,7 +23,8 @@ metrics read them), the token grids' code statistics (distinct codes per image, 
 codes, entropy of the code histogram in nats: do greedy images collapse into a few codes?) and tau of the exact
 chain at gamma 2 (the sweep's point) decoded on the same images, labels, seeds and mode. Printed: a summary per
 (mode, CFG), the default CFG's positions by grid row, and its agreement by margin bin (is low agreement a matter of
-near-ties, or of trajectories the drafter never saw?). --out writes every group as a CSV row.
+near-ties, or of trajectories the drafter never saw?). --out writes every group as a CSV row; --grid a PNG of
+each class's first image per (CFG, mode). models/toy/clean (no drafter, no classifier) gives the target's columns.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ MARGIN_BINS = (0.0, 0.01, 0.03, 0.1, 1.0)
 TIE = MARGIN_BINS[1]  # top-1 and top-2 within a point of probability: a coin flip for a drafter
 CHAIN = {"name": "exact", "drafting": "chain", "gamma": 2}  # the default sweep's exact chain
 POSITION_COLUMNS = ("top1", "margin", "ties", "agree", "second", "q_top", "overlap", "on_argmax")
+DRAFTER_COLUMNS = ("agree", "second", "q_top", "overlap")
 COLUMNS = ("mode", "cfg_scale", "group", "positions", *POSITION_COLUMNS, "images", "distinct_images",
-           "class_accuracy", "class_accuracy_se", "codes_per_image", "top3_share", "code_entropy", "tau_exact_chain")
+           "class_accuracy", "class_accuracy_se", "classes_shown", "codes_per_image", "top3_share", "code_entropy",
+           "tau_exact_chain")
 
 
 def config_sampling(path: Path = ROOT / "config" / "config.yaml") -> dict:
@@ -61,7 +64,8 @@ def params_for(sampling: dict, mode: str, cfg: float):
 
 def trajectories(target, drafter, labels: torch.Tensor, params, seed: int, batch: int):
     """(plain AR tokens [n, N], exact-chain tokens [n, N], exact-chain tau): both decoders on the same images,
-    image i with the generator of (seed, i), in batches of `batch` (an image never depends on its batch)."""
+    image i with the generator of (seed, i), in batches of `batch` (an image never depends on its batch). Without a
+    drafter: (AR tokens, None, NaN)."""
     from lantern.engine.generate import generate
     from lantern.engine.methods import drafting, normalize, rule
     from lantern.engine.sampling import image_generator
@@ -73,18 +77,23 @@ def trajectories(target, drafter, labels: torch.Tensor, params, seed: int, batch
         idx = range(lo, min(lo + batch, len(labels)))
         cond = labels[lo : idx.stop]
         ar.append(generate(target, cond, params, [image_generator(seed, i) for i in idx])[0])
+        if drafter is None:
+            continue
         out, stats = decode(target, drafter, cond, params, rule(spec), drafting(spec),
                             [image_generator(seed, i) for i in idx])
         chain.append(out)
         tokens += sum(s.n_tokens for s in stats)
         forwards += sum(s.target_forwards for s in stats)
+    if drafter is None:
+        return torch.cat(ar), None, math.nan
     # tau as the tables aggregate it: all tokens over all target forwards
     return torch.cat(ar), torch.cat(chain), tokens / forwards
 
 
 @torch.inference_mode()
 def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, params) -> dict[str, torch.Tensor]:
-    """Per image position 1..N-1 of trajectories `tokens` [n, N]: POSITION_COLUMNS, each [n, N - 1] (float)."""
+    """Per image position 1..N-1 of trajectories `tokens` [n, N]: POSITION_COLUMNS, each [n, N - 1] (float); the
+    drafter's columns NaN without a drafter."""
     from lantern.engine.batched import batch_probs
     from lantern.engine.drafter import target_states
 
@@ -92,6 +101,8 @@ def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, 
 
     def logits(cond):  # as benchmarks/draft_confidence.py: target logits and the drafter's, teacher-forced
         x, h, lt = target_states(target, cond, tokens[:, :-1])
+        if drafter is None:  # a stand-in q; its columns are blanked below
+            return lt[:, T - 1 :].float(), lt[:, T:].float()
         pred = drafter(drafter.inputs(x[:, :T], tokens[:, :-1]), h[:, :-1])[:, T - 1 :]
         return lt[:, T - 1 :].float(), drafter.head(pred)
 
@@ -106,10 +117,14 @@ def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, 
     first, second = top.indices[..., 0], top.indices[..., 1]
     margin = top.values[..., 0] - top.values[..., 1]
     draft = q.argmax(-1)
-    return {"top1": top.values[..., 0], "margin": margin, "ties": (margin < TIE).float(),
-            "agree": (draft == first).float(), "second": (draft == second).float(),
-            "q_top": q.gather(-1, first[..., None])[..., 0], "overlap": torch.minimum(p, q).sum(-1),
-            "on_argmax": (tokens[:, 1:] == first).float()}
+    out = {"top1": top.values[..., 0], "margin": margin, "ties": (margin < TIE).float(),
+           "agree": (draft == first).float(), "second": (draft == second).float(),
+           "q_top": q.gather(-1, first[..., None])[..., 0], "overlap": torch.minimum(p, q).sum(-1),
+           "on_argmax": (tokens[:, 1:] == first).float()}
+    if drafter is None:
+        for k in DRAFTER_COLUMNS:
+            out[k] = torch.full_like(out[k], math.nan)
+    return out
 
 
 def code_stats(tokens: torch.Tensor, vocab: int) -> dict[str, float]:
@@ -140,17 +155,28 @@ def groups(stats: dict[str, torch.Tensor], grid: int) -> list[tuple[str, torch.T
     return out
 
 
-def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, sampling: dict) -> list[dict]:
-    """Every (mode, CFG, group) row of COLUMNS."""
+def classes_shown(hits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> str:
+    """The classes whose images show them at least half the time, by name (greedy: one image per class)."""
+    from lantern.hparams import CLASS_NAMES
+
+    return " ".join(CLASS_NAMES[c] for c in range(num_classes) if hits[labels == c].float().mean() >= 0.5)
+
+
+def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, sampling: dict,
+            grid: list | None = None) -> list[dict]:
+    """Every (mode, CFG, group) row of COLUMNS; `grid` (a list) gets each (mode, CFG)'s first image of every
+    class, decoded (uint8 [classes, 3, H, W])."""
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import load_drafter
     from lantern.engine.vq import load_vq
-    from lantern.metrics.classifier import class_accuracy, load_classifier
+    from lantern.metrics.classifier import accuracy_se, load_classifier, predict
     from lantern.metrics.proximity import decode
 
     target = load_gpt(world / "target.pt", dtype="fp32", device="cpu")
-    drafter = load_drafter(world / "drafter.pt", target).eval()
-    vq, net = load_vq(world / "vq.pt"), load_classifier(world / "classifier.pt")
+    # the clean control world ships a target and a VQ only: its rows keep the target's columns
+    drafter = load_drafter(world / "drafter.pt", target).eval() if (world / "drafter.pt").is_file() else None
+    net = load_classifier(world / "classifier.pt") if (world / "classifier.pt").is_file() else None
+    vq = load_vq(world / "vq.pt")
     labels = torch.arange(images) % target.args.num_classes
     rows = []
     for cfg in cfgs:
@@ -158,16 +184,22 @@ def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, 
             params = params_for(sampling, mode, cfg)
             with torch.inference_mode():
                 tokens, chain, tau = trajectories(target, drafter, labels, params, seed, batch)
-                if mode == "greedy" and not torch.equal(tokens, chain):
+                if mode == "greedy" and chain is not None and not torch.equal(tokens, chain):
                     raise SystemExit("greedy exact chain left greedy AR's tokens: the engine is broken")
-                acc = class_accuracy(net, decode(vq, tokens, batch, "cpu"), labels, batch)
+                pixels = decode(vq, tokens, batch, "cpu")
+                hits = predict(net, pixels, batch).eq(labels) if net is not None else None
+            if grid is not None:
+                grid.append(pixels[[int((labels == c).nonzero()[0]) for c in labels.unique()]])
+            acc = (dict(zip(("class_accuracy", "class_accuracy_se"), accuracy_se(hits)),
+                        classes_shown=classes_shown(hits, labels, target.args.num_classes)) if hits is not None
+                   else {"class_accuracy": math.nan, "class_accuracy_se": math.nan, "classes_shown": ""})
             stats = position_stats(target, drafter, labels, tokens, params)
-            whole = {"images": images, "distinct_images": len({tuple(t) for t in tokens.tolist()}),
-                     "class_accuracy": acc["class_accuracy"], "class_accuracy_se": acc["class_accuracy_se"],
+            whole = {"images": images, "distinct_images": len({tuple(t) for t in tokens.tolist()}), **acc,
                      **code_stats(tokens, target.args.vocab_size), "tau_exact_chain": tau}
             for name, mask in groups(stats, target.args.grid):
                 rows.append({"mode": mode, "cfg_scale": cfg, "group": name, **group_row(stats, mask),
-                             **(whole if name == "all" else {k: math.nan for k in whole})})
+                             **(whole if name == "all" else {k: "" if k == "classes_shown" else math.nan
+                                                             for k in whole})})
     return rows
 
 
@@ -182,6 +214,8 @@ def report(rows: list[dict], cfg: float) -> str:
             "overlap", "tau_exact_chain", "class_accuracy", "codes_per_image", "top3_share", "code_entropy"]
     lines += ["per mode and CFG scale (positions 1-63 of every image; agree = greedy first-draft acceptance, "
               "overlap = sampling's):", summary[show].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
+    scored = summary[summary.class_accuracy.notna()]  # a world without a classifier has no class column
+    lines += [f"{r.mode} CFG {r.cfg_scale:g}: images show {r.classes_shown or 'no class'}" for r in scored.itertuples()]
     at = df[df.cfg_scale == cfg]
     shown = ("positions", "top1", "margin", "agree", "second", "overlap")
     for prefix, title in (("row", f"by row of the token grid, CFG {cfg:g}"),
@@ -201,20 +235,22 @@ def report(rows: list[dict], cfg: float) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", default=str(ROOT / "models/toy/default"),
-                    help="folder with target.pt, drafter.pt, vq.pt, classifier.pt")
+                    help="folder with target.pt and vq.pt, and drafter.pt and classifier.pt for their columns "
+                         "(models/toy/clean has neither)")
     ap.add_argument("--images", type=int, default=48, help="images per mode and CFG scale (labels cycle)")
     ap.add_argument("--cfgs", type=float, nargs="+", help="CFG scales (default: 1, the config's, 4)")
     ap.add_argument("--seed", type=int, default=0, help="global seed: image i draws from (seed, i)")
     ap.add_argument("--batch", type=int, default=16, help="images decoded together (never changes an image)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--out", help="CSV of every (mode, cfg_scale, group) row")
+    ap.add_argument("--grid", help="PNG: a row per (CFG, mode), greedy first, of each class's first image")
     a = ap.parse_args(argv)
     if a.images < 2 or a.batch < 1:
         ap.error(f"--images must be >= 2 and --batch >= 1, got {a.images} and {a.batch}")
     if a.threads < 0:
         ap.error(f"--threads must be >= 0 (0: torch's default), got {a.threads}")
     world = Path(a.world)
-    missing = [n for n in ("target.pt", "drafter.pt", "vq.pt", "classifier.pt") if not (world / n).is_file()]
+    missing = [n for n in ("target.pt", "vq.pt") if not (world / n).is_file()]
     if missing:
         ap.error(f"--world {a.world} lacks {', '.join(missing)}")
     if a.threads:
@@ -224,7 +260,8 @@ def main(argv=None) -> int:
     cfgs = a.cfgs or sorted({1.0, default_cfg, 4.0})
     if any(c < 1 for c in cfgs):
         ap.error(f"--cfgs must be >= 1, got {cfgs}")
-    rows = measure(world, a.images, cfgs, a.seed, a.batch, sampling)
+    grid = [] if a.grid else None
+    rows = measure(world, a.images, cfgs, a.seed, a.batch, sampling, grid)
     print(report(rows, default_cfg if default_cfg in cfgs else cfgs[0]))
     if a.out:
         import pandas as pd
@@ -233,6 +270,13 @@ def main(argv=None) -> int:
 
         with atomic_path(a.out) as tmp:
             pd.DataFrame(rows, columns=COLUMNS).to_csv(tmp, index=False)
+    if a.grid:
+        from torchvision.utils import make_grid, save_image
+
+        from lantern.io import atomic_path
+
+        with atomic_path(a.grid) as tmp:
+            save_image(make_grid(torch.cat(grid).float() / 255, nrow=len(grid[0]), padding=1), tmp, format="png")
     return 0
 
 
