@@ -21,7 +21,9 @@ prediction) the script records:
 Per trajectory set: distinct token grids, class accuracy (the world's classifier on the decoded images, as the
 metrics read them), the token grids' code statistics (distinct codes per image, share of the 3 most frequent
 codes, entropy of the code histogram in nats: do greedy images collapse into a few codes?) and tau of the exact
-chain at gamma 2 (the sweep's point) decoded on the same images, labels, seeds and mode. Printed: a summary per
+chain at gamma 2 and of LANTERN at delta 0.1, k 3 (gamma 4; the sweep's points) decoded on the same images, labels,
+seeds and mode. lantern_accept is that LANTERN rule's first-draft acceptance: greedy, whether it accepts the
+drafter's argmax; sampling, the expected acceptance of a draft drawn from q. Printed: a summary per
 (mode, CFG), the default CFG's positions by grid row, and its agreement by margin bin (is low agreement a matter of
 near-ties, or of trajectories the drafter never saw?). --out writes every group as a CSV row; --grid a PNG of
 each class's first image per (CFG, mode). models/toy/clean (no drafter, no classifier) gives the target's columns.
@@ -39,11 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MARGIN_BINS = (0.0, 0.01, 0.03, 0.1, 1.0)
 TIE = MARGIN_BINS[1]  # top-1 and top-2 within a point of probability: a coin flip for a drafter
 CHAIN = {"name": "exact", "drafting": "chain", "gamma": 2}  # the default sweep's exact chain
-POSITION_COLUMNS = ("top1", "margin", "ties", "agree", "second", "q_top", "overlap", "on_argmax")
-DRAFTER_COLUMNS = ("agree", "second", "q_top", "overlap")
+LANTERN = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3}  # and its LANTERN default
+NEIGHBOUR_METRIC = "l2"  # config.yaml's neighbours.metric
+POSITION_COLUMNS = ("top1", "margin", "ties", "agree", "second", "q_top", "overlap", "lantern_accept", "on_argmax")
+DRAFTER_COLUMNS = ("agree", "second", "q_top", "overlap", "lantern_accept")
 COLUMNS = ("mode", "cfg_scale", "group", "positions", *POSITION_COLUMNS, "images", "distinct_images",
            "class_accuracy", "class_accuracy_se", "classes_shown", "codes_per_image", "top3_share", "code_entropy",
-           "tau_exact_chain")
+           "tau_exact_chain", "tau_lantern")
 
 
 def config_sampling(path: Path = ROOT / "config" / "config.yaml") -> dict:
@@ -62,38 +66,50 @@ def params_for(sampling: dict, mode: str, cfg: float):
                        "sampling.")
 
 
-def trajectories(target, drafter, labels: torch.Tensor, params, seed: int, batch: int):
-    """(plain AR tokens [n, N], exact-chain tokens [n, N], exact-chain tau): both decoders on the same images,
-    image i with the generator of (seed, i), in batches of `batch` (an image never depends on its batch). Without a
-    drafter: (AR tokens, None, NaN)."""
+def lantern_rule(codebook: torch.Tensor):
+    """(AcceptRule, neighbour table) of the default run's LANTERN point on this codebook."""
+    from lantern.engine.methods import normalize, rule
+    from lantern.engine.neighbours import nearest_neighbours
+
+    accept = rule(normalize(dict(LANTERN)))
+    return accept, nearest_neighbours(codebook, accept.table_width, NEIGHBOUR_METRIC)
+
+
+def trajectories(target, drafter, labels: torch.Tensor, params, seed: int, batch: int, table=None):
+    """(plain AR tokens [n, N], exact-chain tokens [n, N], {method: tau}): plain AR, the exact chain and (given the
+    neighbour table) LANTERN on the same images, image i with the generator of (seed, i), in batches of `batch` (an
+    image never depends on its batch). Without a drafter: (AR tokens, None, {})."""
     from lantern.engine.generate import generate
     from lantern.engine.methods import drafting, normalize, rule
     from lantern.engine.sampling import image_generator
     from lantern.engine.speculative import decode
 
-    spec = normalize(dict(CHAIN))
-    ar, chain, tokens, forwards = [], [], 0, 0
+    specs = {"exact_chain": CHAIN, **({"lantern": LANTERN} if table is not None else {})}
+    specs = {name: normalize(dict(spec)) for name, spec in specs.items()} if drafter is not None else {}
+    ar, chain, tokens, forwards = [], [], dict.fromkeys(specs, 0), dict.fromkeys(specs, 0)
     for lo in range(0, len(labels), batch):
         idx = range(lo, min(lo + batch, len(labels)))
         cond = labels[lo : idx.stop]
         ar.append(generate(target, cond, params, [image_generator(seed, i) for i in idx])[0])
-        if drafter is None:
-            continue
-        out, stats = decode(target, drafter, cond, params, rule(spec), drafting(spec),
-                            [image_generator(seed, i) for i in idx])
-        chain.append(out)
-        tokens += sum(s.n_tokens for s in stats)
-        forwards += sum(s.target_forwards for s in stats)
-    if drafter is None:
-        return torch.cat(ar), None, math.nan
+        for name, spec in specs.items():
+            out, stats = decode(target, drafter, cond, params, rule(spec), drafting(spec),
+                                [image_generator(seed, i) for i in idx], table)
+            if name == "exact_chain":
+                chain.append(out)
+            tokens[name] += sum(s.n_tokens for s in stats)
+            forwards[name] += sum(s.target_forwards for s in stats)
     # tau as the tables aggregate it: all tokens over all target forwards
-    return torch.cat(ar), torch.cat(chain), tokens / forwards
+    return torch.cat(ar), torch.cat(chain) if chain else None, {k: tokens[k] / forwards[k] for k in specs}
 
 
 @torch.inference_mode()
-def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, params) -> dict[str, torch.Tensor]:
+def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, params, relaxed=None
+                   ) -> dict[str, torch.Tensor]:
     """Per image position 1..N-1 of trajectories `tokens` [n, N]: POSITION_COLUMNS, each [n, N - 1] (float); the
-    drafter's columns NaN without a drafter."""
+    drafter's columns NaN without a drafter, lantern_accept NaN without `relaxed` ((AcceptRule, table): greedy, 1 if
+    the rule accepts the drafter's argmax; sampling, sum over x of min(q(x), p(x) + the neighbour mass x may claim),
+    the expected acceptance of a draft x ~ q)."""
+    from lantern.engine.acceptance import greedy_accept, relaxed_mass
     from lantern.engine.batched import batch_probs
     from lantern.engine.drafter import target_states
 
@@ -120,7 +136,16 @@ def position_stats(target, drafter, labels: torch.Tensor, tokens: torch.Tensor, 
     out = {"top1": top.values[..., 0], "margin": margin, "ties": (margin < TIE).float(),
            "agree": (draft == first).float(), "second": (draft == second).float(),
            "q_top": q.gather(-1, first[..., None])[..., 0], "overlap": torch.minimum(p, q).sum(-1),
-           "on_argmax": (tokens[:, 1:] == first).float()}
+           "on_argmax": (tokens[:, 1:] == first).float(), "lantern_accept": torch.full_like(margin, math.nan)}
+    if relaxed is not None:
+        accept, table = relaxed
+        if params.greedy:
+            out["lantern_accept"] = greedy_accept(p, draft, table, accept).float()
+        else:  # every code's claimable mass at once: p broadcast over the codes (a view, no copy)
+            V = p.shape[-1]
+            codes = torch.arange(V).expand(*p.shape[:-1], V)
+            c, _ = relaxed_mass(p.unsqueeze(-2).expand(*p.shape[:-1], V, V), codes, table, accept)
+            out["lantern_accept"] = torch.minimum(q, p + c).sum(-1)
     if drafter is None:
         for k in DRAFTER_COLUMNS:
             out[k] = torch.full_like(out[k], math.nan)
@@ -168,6 +193,7 @@ def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, 
     class, decoded (uint8 [classes, 3, H, W])."""
     from lantern.engine.checkpoint import load_gpt
     from lantern.engine.drafter import load_drafter
+    from lantern.engine.neighbours import read_codebook
     from lantern.engine.vq import load_vq
     from lantern.metrics.classifier import accuracy_se, load_classifier, predict
     from lantern.metrics.proximity import decode
@@ -177,13 +203,15 @@ def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, 
     drafter = load_drafter(world / "drafter.pt", target).eval() if (world / "drafter.pt").is_file() else None
     net = load_classifier(world / "classifier.pt") if (world / "classifier.pt").is_file() else None
     vq = load_vq(world / "vq.pt")
+    relaxed = lantern_rule(read_codebook(world / "vq.pt")) if drafter is not None else None
     labels = torch.arange(images) % target.args.num_classes
     rows = []
     for cfg in cfgs:
         for mode in ("greedy", "sampling"):
             params = params_for(sampling, mode, cfg)
             with torch.inference_mode():
-                tokens, chain, tau = trajectories(target, drafter, labels, params, seed, batch)
+                tokens, chain, tau = trajectories(target, drafter, labels, params, seed, batch,
+                                                  relaxed[1] if relaxed else None)
                 if mode == "greedy" and chain is not None and not torch.equal(tokens, chain):
                     raise SystemExit("greedy exact chain left greedy AR's tokens: the engine is broken")
                 pixels = decode(vq, tokens, batch, "cpu")
@@ -193,9 +221,10 @@ def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, 
             acc = (dict(zip(("class_accuracy", "class_accuracy_se"), accuracy_se(hits)),
                         classes_shown=classes_shown(hits, labels, target.args.num_classes)) if hits is not None
                    else {"class_accuracy": math.nan, "class_accuracy_se": math.nan, "classes_shown": ""})
-            stats = position_stats(target, drafter, labels, tokens, params)
+            stats = position_stats(target, drafter, labels, tokens, params, relaxed)
             whole = {"images": images, "distinct_images": len({tuple(t) for t in tokens.tolist()}), **acc,
-                     **code_stats(tokens, target.args.vocab_size), "tau_exact_chain": tau}
+                     **code_stats(tokens, target.args.vocab_size),
+                     "tau_exact_chain": tau.get("exact_chain", math.nan), "tau_lantern": tau.get("lantern", math.nan)}
             for name, mask in groups(stats, target.args.grid):
                 rows.append({"mode": mode, "cfg_scale": cfg, "group": name, **group_row(stats, mask),
                              **(whole if name == "all" else {k: "" if k == "classes_shown" else math.nan
@@ -211,20 +240,22 @@ def report(rows: list[dict], cfg: float) -> str:
     summary = df[df.group == "all"].copy()
     summary = summary.astype({"images": int, "distinct_images": int})
     show = ["mode", "cfg_scale", "images", "distinct_images", "top1", "margin", "ties", "agree", "second", "q_top",
-            "overlap", "tau_exact_chain", "class_accuracy", "codes_per_image", "top3_share", "code_entropy"]
+            "overlap", "lantern_accept", "tau_exact_chain", "tau_lantern", "class_accuracy", "codes_per_image",
+            "top3_share", "code_entropy"]
     lines += ["per mode and CFG scale (positions 1-63 of every image; agree = greedy first-draft acceptance, "
-              "overlap = sampling's):", summary[show].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
+              "overlap = sampling's; lantern_accept = LANTERN's (delta 0.1, k 3), in the mode's own rule):",
+              summary[show].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
     scored = summary[summary.class_accuracy.notna()]  # a world without a classifier has no class column
     lines += [f"{r.mode} CFG {r.cfg_scale:g}: images show {r.classes_shown or 'no class'}" for r in scored.itertuples()]
     at = df[df.cfg_scale == cfg]
-    shown = ("positions", "top1", "margin", "agree", "second", "overlap")
+    shown = ("positions", "top1", "margin", "agree", "second", "overlap", "lantern_accept")
     for prefix, title in (("row", f"by row of the token grid, CFG {cfg:g}"),
                           ("margin", f"by the target's top-1 - top-2 margin, CFG {cfg:g}")):
         part = at[at.group.str.startswith(prefix)]
         wide = part.pivot(index="group", columns="mode", values=list(shown))
         wide = wide.reindex(part.group.drop_duplicates())  # in row / bin order
         wide = wide[[(k, mode) for mode in ("greedy", "sampling") for k in shown]]
-        wide.columns = [f"{mode[0]}:{k}" for k, mode in wide.columns]
+        wide.columns = [f"{mode[0]}:{k.removesuffix('_accept')}" for k, mode in wide.columns]
         wide.index.name = None
         wide = wide.astype({c: int for c in wide.columns if c.endswith("positions")})
         lines += ["", f"{title} (g: greedy paths, s: sampled paths):",

@@ -43,7 +43,7 @@ def test_columns_and_groups(table):
 
 def test_numbers_in_range(table):
     _, df = table
-    for col in ("ties", "agree", "second", "on_argmax", "overlap"):
+    for col in ("ties", "agree", "second", "on_argmax", "overlap", "lantern_accept"):
         assert df[col].between(0, 1).all(), col
     assert (df.top1 > 0).all() and (df.top1 <= 1).all()
     assert (df.margin >= 0).all() and (df.margin <= df.top1).all()
@@ -51,10 +51,16 @@ def test_numbers_in_range(table):
     assert (df.agree + df.second <= 1 + 1e-9).all()  # the drafter's argmax is one code
     whole = df[df.group == "all"].set_index("mode")
     assert whole.tau_exact_chain.between(1, 3).all()  # gamma 2: at most 2 drafts and the bonus token per forward
+    assert whole.tau_lantern.between(1, 5).all()  # gamma 4
+    # LANTERN only adds acceptance: greedy, the argmax stays accepted; sampling, p + borrowed mass >= p
+    greedy, sampled = df[df["mode"] == "greedy"], df[df["mode"] == "sampling"]
+    assert (greedy.lantern_accept >= greedy.agree - 1e-9).all()
+    assert (sampled.lantern_accept >= sampled.overlap - 1e-6).all()
+    assert whole.lantern_accept["greedy"] > whole.agree["greedy"]  # near-ties are what it relaxes
     assert whole.class_accuracy.between(0, 1).all() and whole.codes_per_image.between(1, 64).all()
     assert whole.top3_share.between(3 / 64, 1).all() and whole.code_entropy.between(0, math.log(64)).all()
     per_row = df[df.group != "all"]
-    assert per_row.images.isna().all() and per_row.tau_exact_chain.isna().all()
+    assert per_row.images.isna().all() and per_row.tau_exact_chain.isna().all() and per_row.tau_lantern.isna().all()
 
 
 def test_greedy_paths_are_greedy(table):
