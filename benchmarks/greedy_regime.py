@@ -2,7 +2,7 @@
 next-token distributions along GREEDY trajectories against the same along SAMPLED ones.
 
     python benchmarks/greedy_regime.py [--world models/toy/default] [--images 48] [--cfgs 1 2 4] [--seed 0]
-        [--threads 1] [--out greedy_regime.csv]
+        [--threads 1] [--out greedy_regime.csv] [--grid greedy_regime.png]
 
 For every CFG scale in --cfgs and both modes, plain AR decodes --images images (labels cycling over the classes,
 image i from the generator of (--seed, i) as the sweep's vanilla point; greedy: argmax over the CFG-mixed logits,
@@ -16,15 +16,16 @@ prediction) the script records:
 - agree: the drafter's argmax is the target's argmax (greedy verification accepts a first draft iff it is);
   second: the drafter's argmax is the target's second code; q_top: the drafter's probability of the target's
   argmax; overlap: sum min(p, q), what sampling verification accepts of a first draft on average;
+- lantern_accept: what LANTERN's rule at the sweep's default point (delta 0.1, k 3) accepts of a first draft in the
+  mode's own verification: greedy, whether it accepts the drafter's argmax; sampling, the expected acceptance of a
+  draft drawn from q;
 - on_argmax: the trajectory's token is the target's argmax (1 along greedy paths: a check of the teacher forcing).
 
 Per trajectory set: distinct token grids, class accuracy (the world's classifier on the decoded images, as the
 metrics read them), the token grids' code statistics (distinct codes per image, share of the 3 most frequent
 codes, entropy of the code histogram in nats: do greedy images collapse into a few codes?) and tau of the exact
 chain at gamma 2 and of LANTERN at delta 0.1, k 3 (gamma 4; the sweep's points) decoded on the same images, labels,
-seeds and mode. lantern_accept is that LANTERN rule's first-draft acceptance: greedy, whether it accepts the
-drafter's argmax; sampling, the expected acceptance of a draft drawn from q. Printed: a summary per
-(mode, CFG), the default CFG's positions by grid row, and its agreement by margin bin (is low agreement a matter of
+seeds and mode. Printed: a summary per (mode, CFG), the default CFG's positions by grid row, and its agreement by margin bin (is low agreement a matter of
 near-ties, or of trajectories the drafter never saw?). --out writes every group as a CSV row; --grid a PNG of
 each class's first image per (CFG, mode). models/toy/clean (no drafter, no classifier) gives the target's columns.
 """
