@@ -78,8 +78,9 @@ def lantern_rule(codebook: torch.Tensor):
 
 def trajectories(target, drafter, labels: torch.Tensor, params, seed: int, batch: int, table=None):
     """(plain AR tokens [n, N], exact-chain tokens [n, N], {method: tau}): plain AR, the exact chain and (given the
-    neighbour table) LANTERN on the same images, image i with the generator of (seed, i), in batches of `batch` (an
-    image never depends on its batch). Without a drafter: (AR tokens, None, {})."""
+    neighbour table) LANTERN on the same images, image i with the generator of (seed, i), in batches of `batch`
+    aligned to the image index (in float32 a batch can change a rare sampled image against another batch size:
+    docs/decoders.md#batches). Without a drafter: (AR tokens, None, {})."""
     from lantern.engine.generate import generate
     from lantern.engine.methods import drafting, normalize, rule
     from lantern.engine.sampling import image_generator
@@ -272,7 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=48, help="images per mode and CFG scale (labels cycle)")
     ap.add_argument("--cfgs", type=float, nargs="+", help="CFG scales (default: 1, the config's, 4)")
     ap.add_argument("--seed", type=int, default=0, help="global seed: image i draws from (seed, i)")
-    ap.add_argument("--batch", type=int, default=16, help="images decoded together (never changes an image)")
+    ap.add_argument("--batch", type=int, default=16,
+                    help="images decoded together (greedy images never change with it; in float32 a sampled one "
+                         "rarely does, as in the sweep: docs/decoders.md#batches)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--out", help="CSV of every (mode, cfg_scale, group) row")
     ap.add_argument("--grid", help="PNG: a row per (CFG, mode), greedy first, of each class's first image")
