@@ -77,10 +77,10 @@ def test_width_beyond_budget_is_refused(f64):
     target.clear_cache()
 
 
-@pytest.mark.parametrize("kind", ["chain", "twin_chain_8", "jacobi"])
+@pytest.mark.parametrize("kind", ["chain", "twin_chain_8", "dynamic", "jacobi"])
 def test_compiled_verify_gives_eager_tokens(trained, kind):
-    """Inductor's verify step (float32) against the eager batched decoder: the same tokens and rounds; each kind
-    compiles its own width (5, 17, 7) once, and a second batch of the same shape reuses the graph."""
+    """Inductor's compiled rounds (float32; Jacobi: its verify step) against the eager batched decoder: the same
+    tokens and rounds; each kind compiles once, and a second batch of the same shape reuses the graph."""
     target, drafter = trained
     rule, params = RULES["lantern"], SamplingParams(cfg_scale=2.0, top_k=8)
     k = Jacobi(6) if kind == "jacobi" else KINDS[kind]

@@ -1,7 +1,7 @@
-"""A chain round's host work with compile on (benchmarks/bench_host_ops.py's count, on a CPU): within 2 B + 10 ATen
+"""A round's host work with compile on (benchmarks/bench_host_ops.py's count, on a CPU): within 2 B + 10 ATen
 operators outside compiled regions per round, the bound of a round that runs as one graph (on CUDA: one CUDA graph
-replay, the uniforms already on the device, one read). The eager rounds of the same decoder are far over it, so the
-count would catch a round that fell back to host-side bookkeeping."""
+replay, the uniforms already on the device, one read), for chains and trees. The eager rounds of the same decoder
+are far over it, so the count would catch a round that fell back to host-side bookkeeping."""
 import tempfile
 from pathlib import Path
 
@@ -26,13 +26,15 @@ def world():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("greedy", [False, True])
-def test_a_compiled_chain_round_stays_within_the_bound(world, greedy):
+@pytest.mark.parametrize("spec, greedy", [("chain-lantern", False), ("chain-lantern", True),
+                                          ("static-lanternpp", False), ("dynamic-exact", False)])
+def test_a_compiled_round_stays_within_the_bound(world, spec, greedy):
+    """Chains, LANTERN++'s static tree (the authors' 57 nodes) and EAGLE-2's dynamic tree."""
     from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
     with torch.no_grad():
-        ops = bench.per_round(world, gpu_check.SPECS["chain-lantern"], 3, params)
-        eager = bench.per_round(world, gpu_check.SPECS["chain-lantern"], 3, params, compile=False)
+        ops = bench.per_round(world, gpu_check.SPECS[spec], 3, params)
+        eager = bench.per_round(world, gpu_check.SPECS[spec], 3, params, compile=False)
     assert ops <= bench.bound(3)
     assert eager > 5 * bench.bound(3)  # the count sees host-side rounds

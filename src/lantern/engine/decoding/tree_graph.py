@@ -26,6 +26,12 @@ from lantern.engine.models.model import GPT
 from lantern.engine.rules.acceptance import AcceptRule
 
 
+def pad_mask(mask: Tensor, pad: tuple[int, ...]) -> Tensor:
+    """F.pad of a bool tensor with False, through uint8: inductor's CPU code for a padded bool computed in the same
+    graph does not compile (torch 2.14: a VecMask<unsigned char> against a VecMask<float>)."""
+    return F.pad(mask.to(torch.uint8), pad) != 0
+
+
 def tree_visible(Q: Tensor, block: Tensor, real: Tensor, cache_len: int) -> Tensor:
     """[B, S, cache_len]: for each image's queries (block [S, m] or [B, S, m] over the tree slots Q .. Q + m - 1), the committed
     slots < Q and their tree slots; nothing for the padding queries (real [B, S] False)."""
@@ -131,7 +137,7 @@ def dynamic_growth(tree: DynamicTree, hidden: Tensor, q: Tensor, Q: Tensor, n: T
     c_parent, c_depth = [torch.full((B, k), -1, device=device)], [torch.full((B, k), 1, device=device)]
     front = torch.arange(k, device=device).expand(B, k)
     hidden = hidden.expand(-1, k, -1)
-    anc = F.pad(eye, (0, E * k - k)).expand(B, k, E * k)
+    anc = pad_mask(eye, (0, E * k - k)).expand(B, k, E * k)
     offered = k
     for e in range(1, E + 1):
         real = (e < levels)[:, None].expand(B, k)
@@ -150,7 +156,7 @@ def dynamic_growth(tree: DynamicTree, hidden: Tensor, q: Tensor, Q: Tensor, n: T
             hidden = hidden.view(R, B, k, -1).gather(2, par[None, :, :, None].expand(R, B, k, hidden.shape[-1]))
             hidden = hidden.reshape(R * B, k, -1)
             anc = anc.gather(1, par[:, :, None].expand(B, k, E * k))
-            anc = anc | F.pad(eye, (e * k, (E - e - 1) * k))[None]
+            anc = anc | pad_mask(eye, (e * k, (E - e - 1) * k))[None]
         offered += k * k
     depth = torch.cat(c_depth, 1)
     scores = torch.where(depth <= levels[:, None], torch.cat(c_score, 1), float("-inf"))
@@ -188,7 +194,7 @@ def verify_and_commit(target: GPT, buf: Tensor, n: Tensor, pend_h: Tensor, pend_
     Q = T + n - 1
     drafted = depth > 0
     real = torch.cat([live[:, None], drafted], 1)
-    block = F.pad(anc, (1, 0, 1, 0))  # trees._block for every image: [y, nodes], each row sees y
+    block = pad_mask(anc, (1, 0, 1, 0))  # trees._block for every image: [y, nodes], each row sees y
     block[:, :, 0] = True
     seq = torch.cat([buf.gather(1, (n - 1)[:, None]), X], 1)
     pos = torch.where(real, Q[:, None] + F.pad(depth, (1, 0)), 0)
