@@ -156,6 +156,9 @@ def test_shipped_configs_are_valid():
     eagle1 = yaml.safe_load((ROOT / "config" / "drafter-eagle1.yaml").read_text())
     cfg = validate_config({**base, **eagle1, "toy": {**base["toy"], **eagle1["toy"]}})
     assert cfg["toy"]["drafter"]["feature_layers"] == [] and cfg["toy"]["drafter"]["unroll"] == 1
+    gpu = yaml.safe_load((ROOT / "config" / "gpu-toy.yaml").read_text())
+    cfg = validate_config({**base, **gpu, "sweep": {**base["sweep"], **gpu["sweep"]}})
+    assert cfg["device"] == "cuda" and cfg["compile"] is True and cfg["sweep"]["latency_images"] == 32
 
 
 def test_snakemake_stops_before_any_job_with_one_line(tmp_path):

@@ -88,11 +88,14 @@ def test_target_eps_and_rope_base_travel_into_the_converted_file(tmp_path, capsy
     cond, tokens = torch.randn(1, 5, 12), torch.randint(0, 16, (1, 15))
     with torch.no_grad():
         assert torch.equal(model(cond, tokens)[0], upstream(cond, tokens)[0])
-    # upstream values keep the upstream container
+    # upstream values: upstream's container (its loaders read "model"), beside the args every converted file
+    # records (its token grid, so that a spec of another grid is refused), here with upstream's eps and RoPE base
     (tmp_path / "b").mkdir()
     src = hf_target(tmp_path / "b", tiny_target("t2i"), rms_norm_eps=1e-5, rope_theta=10000.0)
     main(["--kind", "target", "--src", str(src), "--out", str(tmp_path / "b.pt")])
-    assert set(read_checkpoint(tmp_path / "b.pt")) == {"model"}
+    obj = read_checkpoint(tmp_path / "b.pt")
+    assert set(obj) == {"model", "args"}
+    assert (obj["args"]["norm_eps"], obj["args"]["rope_base"]) == (1e-5, 10000.0)
 
 
 @pytest.mark.parametrize("config, spec, message", [
