@@ -12,6 +12,7 @@ from lantern.engine.decoding.jacobi import Jacobi
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.speculative import decode
 from test_batched import RULES, TABLE
+from test_batched_jacobi import RULES as JACOBI_RULES
 from test_batched_trees import TREES, f64  # noqa: F401 (fixture)
 from tiny import assert_same_decodes, gens, one_by_one as by_one, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
 
@@ -47,11 +48,15 @@ def test_static_width_equals_one_by_one(f64, static_eager, kind, rule, B, greedy
 
 
 @pytest.mark.parametrize("window", [1, 6])
-def test_static_width_jacobi_equals_one_by_one(static_eager, window):
+@pytest.mark.parametrize("rule", ["exact", "gsd", "coolsd"])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_static_width_jacobi_equals_one_by_one(static_eager, window, rule, greedy):
+    """jacobi_graph.jacobi_round at its fixed width, finished images as padding, uniform for uniform."""
     target = tiny_target(scale=8.0).double()
-    params = SamplingParams(cfg_scale=2.0, cfg_interval=4)
-    want, want_stats = one_by_one(target, None, torch.arange(4) % 4, params, RULES["exact"], Jacobi(window))
-    got, stats = static(target, None, torch.arange(4) % 4, params, RULES["exact"], Jacobi(window))
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy)
+    rule = {**RULES, **JACOBI_RULES}[rule]
+    want, want_stats = one_by_one(target, None, torch.arange(4) % 4, params, rule, Jacobi(window))
+    got, stats = static(target, None, torch.arange(4) % 4, params, rule, Jacobi(window))
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
 
 
@@ -77,12 +82,13 @@ def test_width_beyond_budget_is_refused(f64):
     target.clear_cache()
 
 
-@pytest.mark.parametrize("kind", ["chain", "twin_chain_8", "dynamic", "jacobi"])
-def test_compiled_verify_gives_eager_tokens(trained, kind):
-    """Inductor's compiled rounds (float32; Jacobi: its verify step) against the eager batched decoder: the same
-    tokens and rounds; each kind compiles once, and a second batch of the same shape reuses the graph."""
+@pytest.mark.parametrize("kind, rule", [("chain", "lantern"), ("twin_chain_8", "lantern"), ("dynamic", "lantern"),
+                                        ("jacobi", "lantern"), ("jacobi", "gsd"), ("chain", "coolsd")])
+def test_compiled_verify_gives_eager_tokens(trained, kind, rule):
+    """Inductor's compiled rounds (float32) against the eager batched decoder: the same tokens and rounds; each
+    kind compiles once, and a second batch of the same shape reuses the graph."""
     target, drafter = trained
-    rule, params = RULES["lantern"], SamplingParams(cfg_scale=2.0, top_k=8)
+    rule, params = {**RULES, **JACOBI_RULES}[rule], SamplingParams(cfg_scale=2.0, top_k=8)
     k = Jacobi(6) if kind == "jacobi" else KINDS[kind]
     cond = torch.tensor([0, 3, 1])
     before = counters["stats"]["unique_graphs"]
@@ -98,19 +104,18 @@ def test_compiled_verify_gives_eager_tokens(trained, kind):
 
 
 @pytest.mark.parametrize("kind, rule, steps", [
-    ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}),
-    ("chain", "coolsd", {"chain_drafts", "verify_step"}),
+    ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}), ("chain", "coolsd", {"chain_round"}),
     ("small", "lanternpp", {"tree_round"}), ("small", "coolsd", {"verify_step"}),
-    ("dynamic", "exact", {"tree_round"})])
+    ("dynamic", "exact", {"tree_round"}), ("jacobi", "exact", {"jacobi_round"}), ("jacobi", "coolsd", {"jacobi_round"})])
 def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
-    """compile=True runs a chain's or a static tree's whole round (drafting, verify, acceptance, commit) as one
-    compiled call (chain_graph.chain_round, tree_graph.static_tree_round) for rules that verify on the device; a
-    rule with host-side verification (Cool-SD) and a dynamic tree keep a compiled verify (and a chain's drafting)
-    around host-side bookkeeping."""
+    """compile=True runs a chain's, a tree's or a Jacobi iteration's whole round (drafting, verify, acceptance,
+    commit) as one compiled call (chain_graph.chain_round, tree_graph.tree_round, jacobi_graph.jacobi_round) for
+    rules with a device form; a tree under a rule with host-side sibling verification (Cool-SD) keeps a compiled
+    verify around host-side bookkeeping."""
     asked = []
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     target, drafter = f64
-    drafting = Chain(3) if kind == "chain" else KINDS[kind]
+    drafting = Chain(3) if kind == "chain" else Jacobi(4) if kind == "jacobi" else KINDS[kind]
     static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES[rule], drafting)
     assert set(asked) == steps
 

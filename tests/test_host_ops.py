@@ -1,6 +1,6 @@
 """A round's host work with compile on (benchmarks/bench_host_ops.py's count, on a CPU): within 2 B + 10 ATen
 operators outside compiled regions per round, the bound of a round that runs as one graph (on CUDA: one CUDA graph
-replay, the uniforms already on the device, one read), for chains and trees. The eager rounds of the same decoder
+replay, the uniforms already on the device, one read), for chains, trees and Jacobi iterations. The eager rounds of the same decoder
 are far over it, so the count would catch a round that fell back to host-side bookkeeping."""
 import tempfile
 from pathlib import Path
@@ -27,9 +27,11 @@ def world():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, greedy", [("chain-lantern", False), ("chain-lantern", True),
-                                          ("static-lanternpp", False), ("dynamic-exact", False)])
+                                          ("static-lanternpp", False), ("dynamic-exact", False),
+                                          ("jacobi-gsd", False), ("jacobi-sjd", True), ("chain-coolsd", False)])
 def test_a_compiled_round_stays_within_the_bound(world, spec, greedy):
-    """Chains, LANTERN++'s static tree (the authors' 57 nodes) and EAGLE-2's dynamic tree."""
+    """Chains, LANTERN++'s static tree (the authors' 57 nodes), EAGLE-2's dynamic tree, Jacobi iterations (SJD, and
+    GSD's grouped acceptance on them) and Cool-SD's annealed chain."""
     from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)

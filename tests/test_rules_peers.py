@@ -4,7 +4,8 @@ chi-square), the annealing schedule along a chain, and the authors' residuals.""
 import pytest
 import torch
 
-from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual, verify_candidates
+from lantern.engine.rules.acceptance import (AcceptRule, accept_probability, greedy_accept, residual, residual_rows,
+                                             verify_candidates)
 from lantern.engine.methods import normalize, rule as build_rule
 from lantern.engine.rules.peers import CoolRule, GroupRule
 from tiny import sample_index
@@ -29,6 +30,24 @@ def simulate(p, q, table, rule, n, g):
             residual(p, q, x, int(m), table, rule), g)
         counts[y] += 1
     return counts
+
+
+@pytest.mark.parametrize("rule", [cool(2.0, 0.3, 0.1), cool(0.7), gsd(4, 3)], ids=["cool", "cool-strict", "gsd"])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_batched_residual_is_the_row_by_row_residual(rule, sampled):
+    """accept_chains takes a chain's residuals for all rows at once (residual_rows, no host sync): the residual the
+    rule gives row by row, for each row's draft index (Cool-SD's annealing) and for deterministic drafts."""
+    g = torch.Generator().manual_seed(3)
+    V, n = 16, 5
+    table = rand_table(g, V)
+    p = torch.stack([rand_dist(g, V, zeros=i % 3) for i in range(n)])
+    q = torch.stack([rand_dist(g, V, zeros=i % 2) for i in range(n)]) if sampled else None
+    x = torch.stack([torch.multinomial(p[i] if q is None else q[i], 1, generator=g)[0] for i in range(n)])
+    i = torch.arange(n)
+    rows = residual_rows(p, q, x, i, table, rule)
+    for r in range(n):
+        one = residual(p[r], None if q is None else q[r], int(x[r]), int(i[r]), table, rule)
+        torch.testing.assert_close(rows[r], one, rtol=0, atol=1e-15)
 
 
 # -- Cool-SD ------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual, residual_rows
+from lantern.engine.rules.acceptance import AcceptRule, accept_probability, greedy_accept, residual_rows
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.errors import UserError
@@ -52,9 +52,8 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
     [n, G, V], the target's P [n, G + 1, V]; u [n, ...] each chain's uniforms of the round (None: greedy), the
     tried drafts' at columns tried_from[i] + j (default g[i]: after the drafts' own) and the next token's at
     tried_from[i] + tries. Returns (accepted lengths a [n],
-    next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync,
-    but for rules with their own residual (Cool-SD, GSD), which take it row by row. A rule with its own relaxed
-    target (LANTERN-TV) is verified exactly against that target, computed once."""
+    next tokens [n]: the residual's draw at the first rejection, else the bonus token's from P[a]). No host sync.
+    A rule with its own relaxed target (LANTERN-TV) is verified exactly against that target, computed once."""
     n, G = X.shape
     j, rows = torch.arange(G, device=X.device), torch.arange(n, device=X.device)
     tried_from = g if tried_from is None else tried_from
@@ -75,11 +74,6 @@ def accept_chains(P: Tensor, q: Tensor, X: Tensor, g: Tensor, u: Tensor | None, 
         return a, p.argmax(-1)
     at = a.clamp(max=G - 1)  # the first rejected draft (a row that accepted all of them ignores it)
     rejected = a < g
-    if rule.impl is None:
-        res = residual_rows(verified[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
-        p = torch.where(rejected[:, None], res, p)
-    else:
-        read = torch.stack([rejected.long(), at, X[rows, at], M[rows, at].long()], 1).tolist()
-        p = torch.stack([residual(P[i, t], q[i, t], x, m, table, rule) if r else p[i]
-                         for i, (r, t, x, m) in enumerate(read)])
+    res = residual_rows(verified[rows, at], q[rows, at], X[rows, at], M[rows, at], table, rule)
+    p = torch.where(rejected[:, None], res, p)
     return a, draw(p, u.gather(1, (tried_from + torch.minimum(a + 1, g))[:, None])[:, 0])

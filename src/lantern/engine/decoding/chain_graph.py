@@ -1,9 +1,8 @@
 """A chain round as ONE compiled function (compile=True): the drafter's catch-up and its gamma steps, the target's
 verify, acceptance, the residual or bonus draw and the commit, over every image of the batch at fixed shapes, on
-the device. On CUDA it is one CUDA graph replay a round (torch.compile "reduce-overhead"), so the round's host work
-is the images' uniforms going in (one copy) and the accepted lengths coming out (one read): the gpt-fast / SGLang
-pattern (../shared/reference/gpu-rounds.md). On a CPU inductor compiles the same function, which is how the tests
-check it against the eager rounds (chain_rounds.ChainRounds), token for token.
+the device. graph.GraphLoop is its host side (one launch and one read a round, the uniforms drawn ahead): the
+gpt-fast / SGLang pattern (../shared/reference/gpu-rounds.md). On a CPU inductor compiles the same function, which
+is how the tests check it against the eager rounds (chain_rounds.ChainRounds), token for token.
 
 The state lives on the device in buffers kept between batches (compiled.static_buffer), which the round updates in
 place, for every image b (finished ones take part as padding and are never written where they are read):
@@ -13,8 +12,9 @@ place, for every image b (finished ones take part as padding and are never writt
   layout: image b at rows b and B + b), pend_len [B] of them (a + 1 after a round that accepted a drafts), paired
   with the embeddings of the tokens buf[b, n - pend_len : n].
 A caption's condition positions (t2i: 120) are caught up once, in the prefill, so that every round's catch-up fits
-the fixed width gamma + 1. Rules that verify through their own host-side code (rule.impl: LANTERN-TV, GSD, Cool-SD)
-keep the eager-bookkept rounds (chain_rounds.ChainRounds).
+the fixed width gamma + 1. Every rule runs in the round: those of acceptance.py as they are, those with a
+verification of their own (rule.impl) in their `graph_form` (Cool-SD and GSD batch their residuals; LANTERN-TV's
+flow runs over padded edges).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lantern.engine.decoding import compiled
 from lantern.engine.decoding.chain import Chain, accept_chains
 from lantern.engine.decoding.chain_rounds import chain_drafts
+from lantern.engine.decoding.graph import GraphLoop
 from lantern.engine.decoding.rounds import DrafterRounds, batch_probs, finish, in_rows, pack, ragged
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.stats import StepTimer
@@ -34,8 +34,9 @@ from lantern.engine.rules.acceptance import AcceptRule
 
 
 def graph_capturable(rule: AcceptRule) -> bool:
-    """Whether a rule's chain round runs as one graph: its acceptance and residual are plain tensor ops."""
-    return rule.impl is None
+    """Whether a rule's chain (or Jacobi) round runs as one graph: its acceptance and residual are plain tensor ops,
+    or it has a form that is (`graph_form`: Cool-SD and GSD as they are, LANTERN-TV's flow over padded edges)."""
+    return rule.impl is None or hasattr(rule.impl, "graph_form")
 
 
 def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: Tensor, pend_len: Tensor,
@@ -77,19 +78,20 @@ def chain_round(target: GPT, drafter: Drafter, buf: Tensor, n: Tensor, pend_h: T
     return torch.stack([a, gs], 1)
 
 
-class GraphRounds(DrafterRounds):
-    """The rounds of a drafting kind whose whole round is one compiled call (`round_fn`: chain_round here,
-    tree_graph.static_tree_round), over the state the module docstring lists, pending catch-up width `width`.
-    Every image's uniforms for the whole image are drawn from its generator in the prefill and sent in one copy
-    (at most `per_round` a round, and every round makes a token); the generator is advanced by what the image used,
-    at the end. The host reads each round's accepted lengths one round late: round r + 1 is queued before round r's
-    lengths are read, so the host's launch overlaps the device's work; the price is one round of padding after the
-    batch's last (every image finished, nothing written). A subclass says what a round did to an image's stats
-    (`tally`, from the round's accepted lengths and deepest drafts, round_fn's [B, 2] result)."""
+class GraphRounds(GraphLoop, DrafterRounds):
+    """The rounds of a drafting kind with a drafter whose whole round is one compiled call (graph.GraphLoop;
+    `round_fn`: chain_round here, tree_graph.tree_round), over the state the module docstring lists, pending
+    catch-up width `width`. A subclass says what a round did to an image's stats (`tally`, from the round's
+    accepted lengths and deepest drafts, round_fn's [B, 2] result)."""
 
     width: int  # the pending catch-up inputs kept per image (the longest accepted path + 1)
-    per_round: int  # the most uniforms one round uses
-    round_fn = None
+
+    def __init__(self, target: GPT, drafter: Drafter, drafting, params: SamplingParams, rule: AcceptRule,
+                 table: Tensor | None, B: int):
+        if rule.impl is not None:  # a rule of its own in the form its round reads (LANTERN-TV: padded edges)
+            impl, table = rule.impl.graph_form(table)
+            rule = AcceptRule(rule.kind, k=rule.k, impl=impl)
+        super().__init__(target, drafter, drafting, params, rule, table, B)
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list:
@@ -97,7 +99,6 @@ class GraphRounds(DrafterRounds):
         self.images = images
         B, N, W, device = self.B, self.N, self.width, self.device
         R, T = images[0].pend_emb.shape[0], images[0].pend_emb.shape[1]
-        kept = lambda name, shape, dtype: compiled.static_buffer(self.target, name, shape, dtype, device)  # noqa: E731
         with timer.section("other"):
             emb = pack([im.pend_emb for im in images], T)
             hidden = pack([im.pend_h for im in images], T)
@@ -105,70 +106,26 @@ class GraphRounds(DrafterRounds):
                 zeros, full = torch.zeros(B, dtype=torch.long, device=device), torch.full((B,), T - 1, device=device)
                 pos, slots, visible = ragged(zeros, full, T - 1, R, self.drafter.cache_len)
                 self.drafter.forward_rows(emb[:, : T - 1], hidden[:, : T - 1], pos, slots, visible)
-            self.buf = kept("graph_buf", (B, N + W + 1), torch.long)
+            self.buf = self.kept("graph_buf", (B, N + W + 1), torch.long)
             self.buf[:, 0] = self.first
-            self.n = kept("graph_n", (B,), torch.long).fill_(1)
-            self.pend_len = kept("graph_pend_len", (B,), torch.long).fill_(1)
-            self.pend_h = kept("graph_pend_h", (R * B, W, hidden.shape[-1]), hidden.dtype)
+            self.n = self.kept("graph_n", (B,), torch.long).fill_(1)
+            self.pend_len = self.kept("graph_pend_len", (B,), torch.long).fill_(1)
+            self.pend_h = self.kept("graph_pend_h", (R * B, W, hidden.shape[-1]), hidden.dtype)
             self.pend_h[:, 0] = hidden[:, T - 1]
-            self.taken = kept("graph_taken", (B,), torch.long)
-            self.stream = None
-            if not self.params.greedy:
-                size = (N - 1) * self.per_round
-                self.states = [g.get_state() for g in generators]
-                u = torch.stack([torch.rand(size, generator=g, dtype=torch.float64) for g in generators])
-                self.stream = kept("graph_stream", (B, size + self.per_round), torch.float64)
-                self.stream[:, :size].copy_(u)
-            pinned = device.type == "cuda"
-            self.reads = [torch.zeros(B, 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-            self.queued = None  # (the host buffer a queued round's lengths arrive in, its event)
+            self.draw_stream(generators)
         return images
 
-    def round(self, images: list) -> None:
-        """Queue one round of every image (the finished ones as padding), then read the one before it."""
-        step = compiled.compiled_step(type(self).round_fn, self.device)
-        a = step(self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len, self.stream, self.taken,
-                 self.params, self.table, self.rule, self.round_args())
-        read = self.reads[0].copy_(a, non_blocking=True)
-        self.reads.reverse()
-        done = torch.cuda.Event() if self.device.type == "cuda" else None
-        if done is not None:
-            done.record()
-        if self.queued is not None:
-            self.account(*self.queued)
-        self.queued = (read, done)
-
-    def account(self, read: Tensor, done) -> None:
-        """A round's accepted lengths (the round's one read) into the images' stats."""
-        if done is not None:
-            done.synchronize()
-        N = self.N
-        for im, (a_i, deepest) in zip(self.images, read.tolist()):
-            if im.n >= N:
-                continue
-            im.stats.target_forwards += 1
-            im.stats.accepted_per_step.append(a_i)
-            self.tally(im, a_i, deepest)
-            im.n = min(im.n + a_i + 1, N)
+    def round_inputs(self) -> tuple:
+        return (self.target, self.drafter, self.buf, self.n, self.pend_h, self.pend_len, self.stream, self.taken,
+                self.params, self.table, self.rule, self.round_args())
 
     def round_args(self):
         """The drafting kind's constant argument of round_fn."""
         return self.drafting
 
-    def tally(self, im, a: int, deepest: int) -> None:
-        """The round's drafter forwards and deepest draft into the image's stats."""
-        raise NotImplementedError
-
     def finish(self, images: list, timer: StepTimer):
-        """The last queued round read (padding, or the last round if the loop ended elsewhere), each generator
-        advanced by the uniforms its image used (`taken`, one read), and the tokens copied out of the kept
-        buffer."""
-        if self.queued is not None:
-            self.account(*self.queued)
-        if self.stream is not None:
-            for g, state, used in zip((im.generator for im in self.images), self.states, self.taken.tolist()):
-                g.set_state(state)
-                torch.rand(used, generator=g, dtype=torch.float64)
+        """The last round read, the generators advanced, the tokens copied out of the kept buffer."""
+        self.finish_stream()
         self.drafter.clear_cache()
         return finish(self.target, images, timer, self.buf[:, : self.N].clone())
 

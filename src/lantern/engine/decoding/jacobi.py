@@ -3,7 +3,8 @@
 A window of L future tokens is refined by Jacobi iterations of the target alone. One iteration, with y the newest
 token at target position Q:
 1. refill: the window is topped up to L (fewer near the image's end) with fresh tokens drawn uniformly from the
-   vocabulary, whose draft distribution is therefore the uniform one;
+   vocabulary (floor(u V) of one uniform u each, from the image's generator, so that every draw of an image is one
+   stream of uniforms), whose draft distribution is therefore the uniform one;
 2. verify: ONE target forward over [y, x_1..x_L] (positions Q..Q+L, the cache API of chain.py) gives P_1..P_{L+1};
 3. accept: `chain.accept_chains`, exactly as the EAGLE chain verifies, with each window token's draft distribution
    q_i = the distribution it was drawn from (the previous iteration's P at its position, or uniform): accept with
@@ -69,12 +70,28 @@ class Image:
     prev: int = 0  # tokens decoded before the last iteration
 
 
+def refill(P: Tensor, u: Tensor, r: Tensor, L: Tensor, start: Tensor, greedy: bool) -> tuple[Tensor, Tensor]:
+    """Steps 4 and 1 on the device for n windows: (the window [n, W], each token's q [n, W, V]) from the last
+    iteration's P [n, W + 1, V], the windows' first W uniforms u [n, W], r [n] guesses refined from P's rows
+    start + j, then fresh tokens floor(u V) up to L [n], and zeros past L."""
+    n, W, V = u.shape[0], u.shape[1], P.shape[-1]
+    j = torch.arange(W, device=u.device)
+    take = (start[:, None] + j).clamp(max=W)  # row a + 1 + j of the last P for guess j
+    Pr = P.gather(1, take[..., None].expand(n, W, V))
+    guess = Pr.argmax(-1) if greedy else draw(Pr, u)
+    fresh = (u * V).long().clamp(max=V - 1)
+    is_guess, is_fresh = j < r[:, None], (j >= r[:, None]) & (j < L[:, None])
+    window = torch.where(is_guess, guess, torch.where(is_fresh, fresh, 0))
+    return window, torch.where(is_guess[..., None], Pr, 1.0 / V).to(P.dtype)
+
+
 class JacobiRounds:
     """Jacobi iterations for a batch in speculative.decode's loop, three host syncs per iteration: one copy of
-    integers (rows, counts, the fresh tokens from randint), one of uniforms (refinement, then the acceptance block
-    drawn ahead), one read of the accepted lengths; refinement (step 4, at the next iteration's start), acceptance
-    (chain.accept_chains) and the correction are drawn on the device. Every image draws from its own generator in
-    the order of drawing one token at a time: refinement, fresh tokens, tried drafts, the correction."""
+    integers (rows, counts), one of uniforms (refinement and fresh tokens, then the acceptance block drawn ahead),
+    one read of the accepted lengths; refinement (step 4, at the next iteration's start), the fresh tokens,
+    acceptance (chain.accept_chains) and the correction are drawn on the device. Every image draws from its own
+    generator in the order of drawing one token at a time: refinement, fresh tokens, tried drafts, the correction.
+    With compile on, jacobi_graph.GraphJacobiRounds runs the same iterations as one compiled call each."""
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                  B: int):
@@ -96,32 +113,27 @@ class JacobiRounds:
 
     def draft(self, images: list[Image]) -> None:
         """Steps 4 and 1: each window refined from the last iteration's P after its accepted prefix (r guesses,
-        never past the image's end), then topped up to L = min(window, tokens left) with uniform draws."""
+        never past the image's end), then topped up to L = min(window, tokens left) with uniform draws. An image
+        draws L uniforms for them (the guesses' r, then the fresh tokens', floor(u V)) and, sampling, the
+        acceptance block ahead: L tries and the correction."""
         W, N, greedy, device = self.jacobi.window, self.N, self.params.greedy, self.device
-        refined, fresh, us, self.states = [], [], [], []
+        refined, us, self.states = [], [], []
         for im in images:
             r = 0 if im.a < 0 else max(0, min(im.L + 1, N - im.prev, im.a + 1 + min(W, N - im.n)) - im.a - 1)
             g = im.generator  # draws on the generator's device, moved to the data device after
-            u_ref = None if greedy else torch.rand(r, generator=g, dtype=torch.float64, device=g.device)
             im.L = min(W, N - im.n)
-            fresh += [0] * r + torch.randint(self.V, (im.L - r,), generator=g, device=g.device).tolist() + \
-                [0] * (W - im.L)
+            u = F.pad(torch.rand(im.L, generator=g, dtype=torch.float64, device=g.device), (0, W - im.L))
             self.states.append(g.get_state())
-            if not greedy:  # the acceptance block, drawn ahead: L tries and the correction
-                us.append(torch.cat([F.pad(u_ref, (0, W - r)), torch.rand(W + 1, generator=g, dtype=torch.float64,
-                                                                          device=g.device)]))
+            if not greedy:
+                u = torch.cat([u, torch.rand(W + 1, generator=g, dtype=torch.float64, device=g.device)])
+            us.append(u)
             refined.append(r)
-        self.u = None if greedy else torch.stack(us).to(device)  # [n, W + W + 1]
+        self.u = torch.stack(us).to(device)  # [n, W] greedy, [n, W + W + 1] sampling
         plan = to_device(device, [im.index for im in images], [im.n for im in images], [im.L for im in images],
-                         refined, [max(im.a, 0) + 1 for im in images], fresh)
-        self.index, self.done, self.Ls, r, start, fresh_tokens = plan
-        j = torch.arange(W, device=device)
-        take = (start[:, None] + j).clamp(max=W)  # row a + 1 + j of the last P for guess j
-        Pr = self.P[self.index[:, None], take]  # [n, W, V]
-        guess = Pr.argmax(-1) if greedy else draw(Pr, self.u[:, :W])
-        is_guess, is_fresh = j < r[:, None], (j >= r[:, None]) & (j < self.Ls[:, None])
-        self.window[self.index] = torch.where(is_guess, guess, torch.where(is_fresh, fresh_tokens.view(-1, W), 0))
-        self.qs[self.index] = torch.where(is_guess[..., None], Pr, 1.0 / self.V).to(self.qs.dtype)
+                         refined, [max(im.a, 0) + 1 for im in images])
+        self.index, self.done, self.Ls, r, start = plan
+        self.window[self.index], self.qs[self.index] = refill(self.P[self.index], self.u[:, :W], r, self.Ls, start,
+                                                              greedy)
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One forward over every active image's [y, x_1..x_L], padded to the longest."""
@@ -138,7 +150,7 @@ class JacobiRounds:
         """Step 3 for every active image on the device, then the one read of the iteration."""
         W, N, S = self.jacobi.window, self.N, logits.shape[1]
         P = batch_probs(logits, self.params, self.done[:, None] + torch.arange(S, device=self.device))
-        u = None if self.u is None else self.u[:, W:]
+        u = None if self.params.greedy else self.u[:, W:]
         a, token = accept_chains(P, self.qs[self.index, : S - 1], self.window[self.index, : S - 1], self.Ls, u,
                                  self.params, self.table, self.rule, tried_from=torch.zeros_like(self.Ls))
         cols = self.done[:, None] + torch.arange(S - 1, device=self.device)

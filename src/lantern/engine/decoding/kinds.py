@@ -10,6 +10,7 @@ from lantern.engine.decoding.chain import Chain
 from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturable
 from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
+from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
@@ -20,16 +21,18 @@ from lantern.engine.rules.acceptance import AcceptRule
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
-    """compile: a chain or a tree whose rule verifies on the device runs each round as one compiled call
-    (chain_graph.py, tree_graph.py)."""
+    """compile: a chain or Jacobi iteration under any rule with a device form (chain_graph.graph_capturable), or a
+    tree under a rule of acceptance.py, runs each round as one compiled call (chain_graph.py, jacobi_graph.py,
+    tree_graph.py)."""
     if isinstance(drafting, Jacobi):
-        return JacobiRounds(target, drafting, params, rule, table, B)
+        graph = compile and graph_capturable(rule)
+        return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
     if compile and graph_capturable(rule):
         if isinstance(drafting, Chain):
             return GraphChainRounds(target, drafter, drafting, params, rule, table, B)
-        if isinstance(drafting, (StaticTree, DynamicTree)):
+        if isinstance(drafting, (StaticTree, DynamicTree)) and rule.impl is None:
             return GraphTreeRounds(target, drafter, drafting, params, rule, table, B)
     kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
     return kind(target, drafter, drafting, params, rule, table, B)

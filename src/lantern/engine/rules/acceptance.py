@@ -176,8 +176,10 @@ def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, 
 
 def residual_rows(p: Tensor, q: Tensor | None, x: Tensor, m: Tensor, table: Tensor | None, rule: AcceptRule) -> Tensor:
     """`residual` (and `reference_residual`) for many rows at once, on the device and without a host sync: p, q
-    [n, V] (q None: deterministic drafts), the rejected drafts x [n] and their m* [n]. Rules with their own
-    verification (rule.impl) have no batched residual: callers take `residual` row by row for them."""
+    [n, V] (q None: deterministic drafts), the rejected drafts x [n] and their m* [n] (for a rule with its own
+    verification: the third entry of its accept_probability, handed to its residual_rows)."""
+    if rule.impl is not None:
+        return rule.impl.residual_rows(p, q, x, m, table)
     r = p.clone() if q is None else (p - q).clamp(min=0.0)
     if rule.residual == "reference":
         fallback = torch.full_like(p, 1.0 / p.shape[-1])

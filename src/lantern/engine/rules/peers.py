@@ -85,8 +85,8 @@ class CoolRule:
     def index(self, x: Tensor, depth) -> Tensor:
         """Draft index within the round: a chain's rows are its drafts in order; a tree's candidates share depth."""
         if x.dim() == 0 or depth is not None:
-            return torch.full(x.shape, 0 if depth is None else depth)
-        return torch.arange(x.shape[-1]).expand(x.shape)
+            return torch.full(x.shape, 0 if depth is None else depth, device=x.device)
+        return torch.arange(x.shape[-1], device=x.device).expand(x.shape)
 
     def greedy_accept(self, p: Tensor, x: Tensor, table) -> Tensor:
         w = self.weight(self.index(x, None), p)
@@ -106,8 +106,16 @@ class CoolRule:
         total = r.sum()
         return r / total if total > 0 else p / p.sum()
 
+    def residual_rows(self, p: Tensor, q: Tensor | None, x: Tensor, i: Tensor, table) -> Tensor:
+        """`residual` for rows p, q [n, V] at once, the rejected drafts x [n] with their draft indices i [n]."""
+        q = p.new_zeros(p.shape).scatter(-1, x[:, None], 1.0) if q is None else q
+        return normalised((p - torch.minimum(q, self.weight(i, p)[:, None] * p)).clamp(min=0.0), p)
+
     def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
         return try_siblings(self, p, q, candidates, table, uniforms, depth)
+
+    def graph_form(self, table):
+        return self, table
 
 
 @dataclass(frozen=True)
@@ -169,8 +177,22 @@ class GroupRule:
         total = r.sum()
         return r / total if total > 0 else p / p.sum()
 
+    def residual_rows(self, p: Tensor, q: Tensor | None, x: Tensor, m: Tensor, table) -> Tensor:
+        """`residual` for rows p, q [n, V] at once, the rejected drafts x [n]."""
+        r = p.scatter(-1, x[:, None], 0.0) if q is None else (p - q).clamp(min=0.0)
+        return normalised(r, p)
+
     def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
         return try_siblings(self, p, q, candidates, table, uniforms, depth)
+
+    def graph_form(self, table):
+        return self, table
+
+
+def normalised(r: Tensor, p: Tensor) -> Tensor:
+    """Rows of r renormalised; a row left with no mass (only through rounding) falls back to p's."""
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total, p / p.sum(-1, keepdim=True))
 
 
 def coolsd_rule(spec: dict) -> AcceptRule:
