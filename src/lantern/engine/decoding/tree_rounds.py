@@ -12,8 +12,7 @@ decoding, are the forwards and the acceptance:
 2. verify: ONE target forward over every image's [y, nodes] (RoPE positions Q_b + depth, slots Q_b, Q_b + 1, ..,
    the tree mask over [y, nodes]), padded to the largest tree (cut trees near an image's end are smaller);
 3. accept every image's tree at once on the device (greedy: `greedy_paths`; sampling: `walk`, from each image's
-   uniforms; rules with their own verification sample with trees.accept_sampled image by image), one read per
-   round; the accepted paths' target cache entries move into consecutive slots in one per-row move
+   uniforms), one read per round; the accepted paths' target cache entries move into consecutive slots in one per-row move
    (GPT.keep_rows), and the true hidden states of y and the accepted nodes become the image's next catch-up
    inputs.
 Padding queries sit at position 0 and write the scratch slot (rounds.SCRATCH) past the tree slots.
@@ -30,7 +29,7 @@ from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, c
                                              target_forward, to_device)
 from lantern.engine.decoding.sampling import Uniforms, draw
 from lantern.engine.decoding.stats import free_read
-from lantern.engine.decoding.trees import Draft, TreePass, _visible, accept_sampled
+from lantern.engine.decoding.trees import Draft, TreePass, _visible
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -136,9 +135,9 @@ class TreeRounds(DrafterRounds):
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
         Every image's acceptance on the device at once, one read per round: greedy (`greedy_paths`) and sampling
-        under a rule of acceptance.py (`walk`). Sampling under rules with their own verification (rule.impl):
-        trees.accept_sampled image by image, then the same commit."""
-        greedy, walking = self.params.greedy, not self.params.greedy and self.rule.impl is None
+        (`walk`), under every rule."""
+        greedy = self.params.greedy
+        walking = not greedy
         device, N, n, R = self.device, self.N, len(images), images[0].pend_emb.shape[0]
         used = torch.zeros(n, dtype=torch.long, device=device)  # each image's acceptance uniforms
         drafts = [im.draft for im in images]
@@ -157,13 +156,6 @@ class TreeRounds(DrafterRounds):
         if greedy:
             path, p = greedy_paths(P, drafts, self.table, self.rule)
             token = p.argmax(-1)
-        elif not walking:  # a rule with its own verification (rule.impl): accept_sampled image by image
-            accepted = [accept_sampled(P[i, : 1 + len(d.tokens)], d, self.table, self.rule, im.generator)
-                        for i, (im, d) in enumerate(zip(images, drafts))]
-            (path,) = to_device(device, [s for nodes, _ in accepted for s in nodes + [-1] * (M - len(nodes))])
-            path, p = path.view(n, M), torch.stack([p for _, p in accepted])
-            ahead = Uniforms([im.generator for im in images], 1, device)  # the next token's uniform
-            token = draw(p, ahead.u[:, 0])
         else:
             ok = torch.stack([pad(torch.ones_like(d.tokens, dtype=torch.bool) if d.ok is None else d.ok, False)
                               for d in drafts])
@@ -215,14 +207,16 @@ def settled(live: Tensor) -> bool:
 
 def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tensor, u: Tensor, table: Tensor | None,
          rule: AcceptRule, D: int, fanout: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """trees.accept_sampled for n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
+    """The sampled acceptance of n trees at once, on the device: P [n, 1 + M, V] the target over [y, nodes], q
     [n, rows, V] the drafter rows the children were drawn from (q_row [n, 1 + M] a node's row), X [n, M] tokens, ok
     [n, M] the children offered, kids [n, 1 + M, C] each node's children in order (-1: none), u [n, >= D C + 1]
-    each image's uniforms (a visited node takes one per offered child, as accept_sampled draws them), D the deepest
-    node; fanout (a static shape's, host ints) bounds the children tried at each depth, which spares a GPU the
-    steps no tree can take. From y, each visited node's children are tried in order (acceptance.verify_candidates: accept while u <
-    min(1, p~(x) / q'(x)), residualising p and q after each rejection, siblings sharing a TV budget where the rule
-    says so). Returns (the accepted nodes [n, D], -1 past the path; the next token's distribution [n, V]; the
+    each image's uniforms (a visited node takes one per offered child, in order), D the deepest node; fanout (a
+    static shape's, host ints) bounds the children tried at each depth, which spares a GPU the steps no tree can
+    take. From y, each visited node's children are tried in order, as acceptance.verify_candidates tries them one
+    tree at a time (tests/test_tree_walk.py holds the two equal for every rule): accept while u < min(1, p~(x) /
+    q'(x)), residualising p and q after each rejection, siblings sharing a TV budget where the rule says so, a
+    rule's own test and residual (Cool-SD's at the children's depth, GSD's) or, for LANTERN-TV, exact verification
+    toward the node's relaxed target. Returns (the accepted nodes [n, D], -1 past the path; the next token's distribution [n, V]; the
     uniforms used [n], the next token's column)."""
     n, C = X.shape[0], kids.shape[2]  # q None: deterministic drafts
     rows = torch.arange(n, device=X.device)
@@ -232,6 +226,8 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
     path = torch.full((n, D), -1, dtype=torch.long, device=X.device)
     p = P[:, 0]
     shared = sibling_budget(None if q is None else q[0, 0], rule) is not None  # bounded LANTERN, q = 1 drafts
+    retargets = hasattr(rule.impl, "target")
+    tried = AcceptRule("exact") if retargets else rule
     for step in range(D + 1):
         if settled(alive):
             break
@@ -239,6 +235,10 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
         offered = (cands >= 0) & ok.gather(1, cands.clamp(min=0)) & alive[:, None]
         p = torch.where(alive[:, None], P[rows, node + 1], p)
         qq = None if q is None else q[rows, q_row[rows, node + 1]]
+        if retargets:  # LANTERN-TV: one relaxed target per node, toward which its children are verified exactly
+            toward = qq if qq is not None else p.new_zeros(p.shape).scatter_add(
+                1, X.gather(1, cands.clamp(min=0)), offered.to(p.dtype)).clamp(max=1.0)  # the candidates' indicator
+            p = torch.where(offered.any(-1, keepdim=True), rule.impl.target(p, toward, table), p)
         budget = torch.full((n,), rule.delta, dtype=p.dtype, device=p.device) if shared else None
         rank = offered.long().cumsum(-1) - 1
         chosen = torch.full((n,), -1, dtype=torch.long, device=X.device)
@@ -247,14 +247,14 @@ def walk(P: Tensor, q: Tensor, X: Tensor, ok: Tensor, kids: Tensor, q_row: Tenso
                 break
             live = offered[:, j] & (chosen < 0)
             x = X.gather(1, cands[:, j : j + 1].clamp(min=0))[:, 0]
-            A, c, m = accept_probability(p, qq, x, table, rule, None if budget is None else budget[:, None])
+            A, c, m = accept_probability(p, qq, x, table, tried, None if budget is None else budget[:, None], step)
             take = live & (u.gather(1, (used + rank[:, j].clamp(min=0))[:, None])[:, 0] < A)
             chosen = torch.where(take, cands[:, j], chosen)
             rejected = live & ~take
             if budget is not None:
                 left = p.sum(-1) - p.gather(1, x[:, None])[:, 0] - c
                 budget = torch.where(rejected, torch.where(left > 0, (budget - c).clamp(min=0) / left, 0.0), budget)
-            p = torch.where(rejected[:, None], residual_rows(p, qq, x, m, table, rule), p)
+            p = torch.where(rejected[:, None], residual_rows(p, qq, x, m, table, tried), p)
             if qq is not None:
                 gone = qq.scatter(1, x[:, None], 0.0)
                 total = gone.sum(-1, keepdim=True)

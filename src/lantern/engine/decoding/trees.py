@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lantern.engine.rules.acceptance import AcceptRule, verify_candidates
+from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.engine.decoding.tree_shapes import (NAIVE_EXTEND_57, SHAPES, STATIC_TOP_K, TWIN_CHAIN_8,  # noqa: F401
@@ -370,22 +370,3 @@ def _visible(rows: int, cache_len: int, Q: int, block: Tensor) -> Tensor:
     visible[:, :Q] = True
     visible[:, Q : Q + block.shape[1]] = block
     return visible
-
-
-def accept_sampled(P: Tensor, draft: Draft, table: Tensor | None, rule: AcceptRule,
-                   generator: torch.Generator) -> tuple[list[int], Tensor]:
-    """Walk from y: verify each node's children in order; (accepted nodes, distribution of the next token)."""
-    tokens = draft.tokens.tolist()
-    ok = None if draft.ok is None else draft.ok.tolist()  # a child past the support of q is never offered
-    node, path = -1, []
-    while True:
-        p, cands = P[node + 1], [c for c in draft.child_lists()[node + 1] if ok is None or ok[c]]
-        if not cands:
-            return path, p
-        u = torch.rand(len(cands), generator=generator, dtype=torch.float64).tolist()
-        q = None if draft.q is None else draft.q[draft.q_row[node + 1]]
-        j, p = verify_candidates(p, q, [tokens[c] for c in cands], table, rule, u, len(path))
-        if j < 0:
-            return path, p
-        node = cands[j]
-        path.append(node)

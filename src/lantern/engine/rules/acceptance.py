@@ -147,14 +147,16 @@ def greedy_accept(p: Tensor, x: Tensor, table: Tensor | None, rule: AcceptRule) 
 
 
 def accept_probability(
-    p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None, rule: AcceptRule, budget: float | None = None
+    p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None, rule: AcceptRule, budget: float | None = None,
+    depth: int | None = None,
 ):
     """(min(1, p~(x) / q(x)), c_{m*}, m*), batched over x [...]. q None: a deterministic draft (q(x) = 1).
 
-    A sampled draft has q(x) > 0 by construction; accept iff a uniform u in [0, 1) is < the probability.
+    A sampled draft has q(x) > 0 by construction; accept iff a uniform u in [0, 1) is < the probability. depth: the
+    drafts' index in the round when they are tree siblings (verify_candidates' depth, read by Cool-SD).
     """
     if rule.impl is not None:
-        return rule.impl.accept_probability(p, q, x, table)
+        return rule.impl.accept_probability(p, q, x, table, depth)
     c, m = relaxed_mass(p, x, table, rule, budget)
     qx = 1.0 if q is None else _take(q, x)
     return ((_take(p, x) + c) / qx).clamp(max=1.0), c, m

@@ -184,7 +184,7 @@ class RetargetRule:
     def greedy_accept(self, p: Tensor, x: Tensor, table: Tensor | None) -> Tensor:
         return self.target(p, _indicator(p, x), table).argmax(-1) == x
 
-    def accept_probability(self, p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None):
+    def accept_probability(self, p: Tensor, q: Tensor | None, x: Tensor, table: Tensor | None, depth=None):
         q = _indicator(p, x) if q is None else q
         pt = self.target(p, q, table)
         take = lambda d: d.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # noqa: E731
