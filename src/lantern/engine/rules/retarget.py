@@ -39,9 +39,10 @@ shapes shrink with the data (nonzero, repeat_interleave, an early break, a CSR c
 degree (D >= k, as every code has its own k edges): every row's `sources` top surpluses, all their D edge slots,
 all ROUNDS rounds, dead edges (padding, emptied sources, filled sinks, spent budgets) carrying exact zeros. The
 CPU's index_add_ sums in index order and adding an exact zero changes no sum, so on a CPU in float64 its p~ equals
-retarget's bit for bit (tests/test_rules_tv.py). It is slower in eager mode (every round over every slot:
-benchmarks/bench_retarget.py --padded); its place is inside a graph. `RetargetRule.graph_form(table)` gives the rule
-and the table that a graph round passes in its place.
+retarget's bit for bit (tests/test_rules_tv.py). Eager it is slower, as every round runs over every slot: 32
+positions at V 16384 on one thread take 86 ms instead of 62 at k 100 (D 245), 588 instead of 280 at k 1000 (D 2130,
+a 133 MiB int32 adjacency), on random tables (benchmarks/bench_retarget.py --padded); its place is inside a graph.
+`RetargetRule.graph_form(table)` gives the rule and the table that a graph round passes in place of the eager ones.
 """
 
 from __future__ import annotations
@@ -164,8 +165,9 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
 def padded_neighbours(table: Tensor, k: int) -> Tensor:
     """adj [V, D] int32: row a is neighbour_csr's dst[start[a]:start[a + 1]], code a's edges in that order, padded
     with V (a code past the last, whose surplus and deficit retarget_padded holds at 0) to D, the largest degree.
-    D >= k: each code has its own k edges, plus one for each code that lists it. int32 halves the memory of an
-    adjacency whose D can reach several times k where codes are hubs (benchmarks/bench_retarget.py --padded)."""
+    D >= k: each code has its own k edges, plus one for each code that lists it, 2 k on average, more at hubs (the
+    toy codebook's table at k 100: D 279). int32, as neighbour_csr's dst: half of int64's memory, 133 MiB at V 16384,
+    k 1000 on a random table (D 2130)."""
     V = table.shape[0]
     start, dst = neighbour_csr(table, k)
     degree = start[1:] - start[:-1]
@@ -180,51 +182,53 @@ def padded_neighbours(table: Tensor, k: int) -> Tensor:
 def retarget_padded(p: Tensor, q: Tensor, adj: Tensor, delta: float, rounds: int = ROUNDS,
                     sources: int = SOURCES) -> Tensor:
     """retarget's p~ at fixed shapes, for a compiled graph: adj = padded_neighbours(table, k). The edges are every
-    row's `sources` largest surpluses times their D slots, [B, sources, D] flattened in retarget's edge order (row,
-    source by decreasing surplus, neighbour_csr's order), over one flat space where row b's code v is b (V + 1) + v
-    and b (V + 1) + V is the sentinel's, with no surplus and no deficit. An edge is live while retarget would list
-    it; a dead edge's want is 0, so its offer, flow and every sum it enters are unchanged."""
+    row's `sources` largest surpluses times their D slots, [B, sources, D] in retarget's edge order (row, source by
+    decreasing surplus, neighbour_csr's order); sinks index one flat space where row b's code v is b (V + 1) + v and
+    b (V + 1) + V is the sentinel's, with no deficit. An edge is live while retarget would list it; a dead edge's
+    want is 0, so its offer and flow are 0 and every sum it enters is unchanged."""
     if delta <= 0:
         return p
     shape, V, dtype, device = p.shape, p.shape[-1], p.dtype, p.device
     p2, q2 = p.reshape(-1, V).double(), q.reshape(-1, V).double()  # float64 inside, as retarget
     B, W, D = p2.shape[0], V + 1, adj.shape[1]
-    surplus = (p2 - q2).clamp(min=0.0)
-    top = surplus.topk(min(sources, V), dim=-1)  # the same call as live_edges': the same sources in the same order
+    top = (p2 - q2).clamp(min=0.0).topk(min(sources, V), dim=-1)  # live_edges' call: the same sources, same order
     S = top.indices.shape[1]
-    pad = torch.zeros(B, 1, dtype=torch.float64, device=device)
-    give = torch.cat([surplus, pad], 1).reshape(-1)
-    take = torch.cat([(q2 - p2).clamp(min=0.0), pad], 1).reshape(-1)
-    base = torch.arange(B, device=device) * W
+    take = torch.cat([(q2 - p2).clamp(min=0.0), torch.zeros(B, 1, dtype=torch.float64, device=device)], 1)
+    take = take.reshape(-1)
+    dst = (torch.arange(B, device=device)[:, None, None] * W
+           + adj.index_select(0, top.indices.reshape(-1)).reshape(B, S, D)).reshape(-1)
+    # the sums run through index_add_ (in index order on a CPU, as retarget's): a source's over its slots, a row's
+    # over its edges; source-side values stay [B, S] (a source is one code of its row), broadcast over the slots
+    slot = torch.arange(B * S, device=device)[:, None].expand(B * S, D).reshape(-1)
     row = torch.arange(B, device=device)[:, None].expand(B, S * D).reshape(-1)
-    src = (base[:, None] + top.indices)[:, :, None].expand(B, S, D).reshape(-1)
-    dst = (base[:, None, None] + adj.index_select(0, top.indices.reshape(-1)).reshape(B, S, D).long()).reshape(-1)
-    live = ((top.values > 0)[:, :, None].expand(B, S, D).reshape(-1) & (take.index_select(0, dst) > 0))
+    give = top.values
+    live = (give > 0)[:, :, None].expand(B, S, D)
     budget = torch.full((B,), float(delta), dtype=torch.float64, device=device)
-    moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(give)
-    for round_ in range(rounds):  # every round runs: after the flow stops, a round adds exact zeros
-        want = torch.where(live, take.index_select(0, dst), 0.0)
-        demand = torch.zeros_like(give).index_add_(0, src, want).index_select(0, src)
-        offer = give.index_select(0, src) * want / demand.clamp(min=1e-300)
-        offer = torch.where(demand > 0, offer, torch.zeros_like(offer))
-        got = torch.zeros_like(give).index_add_(0, dst, offer)
-        fill = torch.where(got > take, take / got.clamp(min=1e-300), torch.ones_like(got))
+    moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(take)
+    for _ in range(rounds):  # every round runs: once the flow stops, a round adds exact zeros
+        sink = take.index_select(0, dst).reshape(B, S, D)
+        live = live & (sink > 0)  # with the end of the round's checks: retarget's filter between rounds
+        want = torch.where(live, sink, 0.0)
+        demand = torch.zeros(B * S, dtype=torch.float64, device=device).index_add_(0, slot, want.reshape(-1))
+        demand = demand.reshape(B, S, 1)
+        offer = give[:, :, None] * want / demand.clamp(min=1e-300)
+        offer = torch.where(demand > 0, offer, 0.0).reshape(-1)
+        got = torch.zeros_like(take).index_add_(0, dst, offer)
+        fill = torch.where(got > take, take / got.clamp(min=1e-300), 1.0)
         flow = offer * fill.index_select(0, dst)
         total = torch.zeros_like(budget).index_add_(0, row, flow)
-        scale = torch.where(total > budget, budget / total.clamp(min=1e-300), torch.ones_like(total))
-        flow = flow * scale.index_select(0, row)
-        out = torch.zeros_like(give).index_add_(0, src, flow)
-        inn = torch.zeros_like(give).index_add_(0, dst, flow)
+        scale = torch.where(total > budget, budget / total.clamp(min=1e-300), 1.0)
+        flow = (flow.reshape(B, S * D) * scale[:, None]).reshape(-1)
+        out = torch.zeros(B * S, dtype=torch.float64, device=device).index_add_(0, slot, flow).reshape(B, S)
+        inn = torch.zeros_like(take).index_add_(0, dst, flow)
         moved_out += out
         moved_in += inn
         give = (give - out).clamp(min=0.0)
         take = (take - inn).clamp(min=0.0)
         budget = (budget - total * scale).clamp(min=0.0)
-        if round_ < rounds - 1:  # retarget's filter between rounds, as a mask
-            live = (live & (give.index_select(0, src) > 0) & (take.index_select(0, dst) > 0)
-                    & (budget.index_select(0, row) > 0))
-    moved_out, moved_in = moved_out.reshape(B, W)[:, :V], moved_in.reshape(B, W)[:, :V]
-    return ((p2 - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
+        live = live & (give > 0)[:, :, None] & (budget > 0)[:, None, None]
+    moved_out = torch.zeros_like(p2).scatter(1, top.indices, moved_out)  # a row's sources are distinct codes
+    return ((p2 - moved_out).clamp(min=0.0) + moved_in.reshape(B, W)[:, :V]).reshape(shape).to(dtype)
 
 
 def _indicator(p: Tensor, x: Tensor | list[int]) -> Tensor:
