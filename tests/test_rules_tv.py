@@ -216,6 +216,7 @@ def test_graph_form_reads_the_padded_adjacency_and_gives_the_eager_rule():
     rule = RetargetRule(0.2, k)
     impl, adj = rule.graph_form(table)
     assert impl.padded and not rule.padded and torch.equal(adj, padded_neighbours(table, k))
+    assert impl.graph_form(adj) == (impl, adj)  # a graph form is its own
     assert (impl.describe(), impl.table_width, impl.relaxed) == (rule.describe(), rule.table_width, rule.relaxed)
     p, q = peaked(g, (4,), V), peaked(g, (4,), V)
     x = q.argmax(-1)

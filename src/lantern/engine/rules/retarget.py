@@ -259,8 +259,9 @@ class RetargetRule:
 
     def graph_form(self, table: Tensor | None) -> tuple[RetargetRule, Tensor | None]:
         """(rule, table) for a round compiled as one graph: this rule reading padded_neighbours(table, k) through
-        retarget_padded, the same p~ at fixed shapes; unrelaxed, this rule and the table as they are."""
-        if not self.relaxed:
+        retarget_padded, the same p~ at fixed shapes; unrelaxed or padded already, this rule and the table as they
+        are."""
+        if not self.relaxed or self.padded:
             return self, table
         self._check(table)
         return dataclasses.replace(self, padded=True), padded_neighbours(table, self.k)
