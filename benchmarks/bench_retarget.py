@@ -11,6 +11,14 @@ surplus that its M largest surpluses hold, and the median time of a retarget cal
 batch-8 call), round-robin with the full flow's. Then the same for deterministic drafts (q the point mass on the
 drafter's argmax x, as greedy chains and top-k trees verify): the mass moved and how often x becomes p~'s argmax.
 engine/rules/retarget.py's docstring quotes its output for SOURCES.
+
+    python benchmarks/bench_retarget.py --padded [--world models/toy/default] [--k 100] [--padded-k 100 1000]
+
+The fixed-shape form instead (no decode): D, the padded degree of padded_neighbours, for the toy world's table at
+--k, then on a random table of 16384 codes (each code's k nearest a random k others) at each --padded-k, D, the
+adjacency's memory, and the median time of a call over 32 positions of retarget (eager, shapes shrinking with the
+live edges) and of retarget_padded (every slot, every round), round-robin on one thread. The positions are synthetic
+(p = softmax(3 z), q = softmax(3 z + 1.5 z'), z, z' standard normal), not a decode's.
 """
 
 import argparse
@@ -63,6 +71,46 @@ def call_ms(P, Q, table, k, delta, sources, rows=32) -> float:
     return (time.perf_counter() - t0) / (len(P) // rows) * 1e3
 
 
+def random_table(V: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """[V, k] int16: each code's "nearest" codes a random k others (no self, no repeats), built in blocks."""
+    rows = []
+    for i in range(0, V, 1024):
+        r = torch.rand(min(1024, V - i), V, generator=g)
+        r[torch.arange(r.shape[0]), torch.arange(i, i + r.shape[0])] = -1.0
+        rows.append(r.topk(k, -1).indices.to(torch.int16 if V <= 32767 else torch.int32))
+    return torch.cat(rows)
+
+
+def padded_main(a) -> None:
+    torch.set_num_threads(1)
+    table = build_table(read_codebook(a.world / "vq.pt"), NeighbourParams(k=a.k))["neighbours"]
+    adj = module.padded_neighbours(table, a.k)
+    print(f"toy table ({table.shape[0]} codes), k {a.k}: D {adj.shape[1]} (mean degree {2 * a.k}), "
+          f"{adj.numel() * 4 / 2**20:.1f} MiB int32")
+    V, rows, g = 16384, 32, torch.Generator().manual_seed(0)
+    z = torch.randn(rows, V, generator=g, dtype=torch.float64) * 3
+    P, Q = torch.softmax(z, -1), torch.softmax(z + torch.randn(rows, V, generator=g, dtype=torch.float64) * 1.5, -1)
+    print(f"random tables of {V} codes, {rows} synthetic positions, delta {a.delta:g}, sources {module.SOURCES}; "
+          f"one thread, medians of {a.repeats} round-robin calls")
+    print(f"{'k':>6} {'D':>6} {'adj MiB':>8} {'retarget ms':>12} {'padded ms':>10} {'ratio':>6} {'max |diff|':>11}")
+    for k in a.padded_k:
+        table = random_table(V, k, g)
+        adj = module.padded_neighbours(table, k)
+        want = module.retarget(P, Q, table, k, a.delta)  # also builds the CSR, once, outside the timing
+        diff = (module.retarget_padded(P, Q, adj, a.delta) - want).abs().max().item()
+        times = {"eager": [], "padded": []}
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            module.retarget(P, Q, table, k, a.delta)
+            times["eager"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            module.retarget_padded(P, Q, adj, a.delta)
+            times["padded"].append(time.perf_counter() - t0)
+        eager, padded = (statistics.median(times[m]) * 1e3 for m in ("eager", "padded"))
+        print(f"{k:>6} {adj.shape[1]:>6} {adj.numel() * 4 / 2**20:8.1f} {eager:12.1f} {padded:10.1f} "
+              f"{padded / eager:5.1f}x {diff:11.1e}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=Path, default=Path("models/toy/default"))
@@ -71,7 +119,13 @@ def main():
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--sources", type=int, nargs="+", default=[16, 32, 64, 128, 0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--padded", action="store_true", help="time the fixed-shape form instead (the second usage)")
+    ap.add_argument("--padded-k", type=int, nargs="+", default=[100, 1000])
     a = ap.parse_args()
+    if a.padded:
+        if a.k < 1 or any(k < 1 for k in a.padded_k) or not 0 < a.delta <= 1 or a.repeats < 1:
+            ap.error("--k and --padded-k must be >= 1, --delta in (0, 1], --repeats >= 1")
+        return padded_main(a)
     if a.images < 1 or a.k < 1 or not 0 < a.delta <= 1 or any(m < 0 for m in a.sources):
         ap.error("--images and --k must be >= 1, --delta in (0, 1], --sources >= 0 (0 = all)")
     torch.set_num_threads(1)

@@ -10,7 +10,8 @@ import torch
 from lantern.engine.rules.acceptance import (AcceptRule, accept_probability, greedy_accept, residual, residual_rows,
                                        verify_candidates)
 from lantern.engine.methods import normalize, rule as build_rule
-from lantern.engine.rules.retarget import RetargetRule, live_edges, neighbour_edges, retarget
+from lantern.engine.rules.retarget import (RetargetRule, live_edges, neighbour_csr, neighbour_edges,
+                                           padded_neighbours, retarget, retarget_padded)
 from tiny import sample_index
 from test_acceptance import F64, chi_square_pvalue, emitted_chain, rand_dist, rand_table, tv
 from test_rules_peers import simulate
@@ -158,6 +159,94 @@ def test_neighbour_csr_is_built_once_per_table_and_k():
     other = rand_table(g, V)
     module.neighbour_csr(other, k)
     assert all(ref() is not None for ref, _, _ in module._CSR.values())  # entries of dead tables pruned
+
+
+def peaked(g, shape, V):
+    """Random distributions [*shape, V] with a few exact zeros: few codes hold the surplus, as in a decode."""
+    d = torch.rand(*shape, V, generator=g, dtype=F64) ** 6 * (torch.rand(*shape, V, generator=g) > 0.1)
+    return d / d.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("k", [1, 4, 11])
+def test_padded_neighbours_rows_are_the_csr_slices(k):
+    """Row a of the padded adjacency is neighbour_csr's slice for a, in order, then the sentinel V up to D, the
+    largest degree, which is >= k (so RetargetRule.target's width check reads it as a table)."""
+    g = torch.Generator().manual_seed(k)
+    V = 12
+    table = rand_table(g, V)
+    adj = padded_neighbours(table, k)
+    start, dst = neighbour_csr(table, k)
+    degree = (start[1:] - start[:-1]).tolist()
+    assert adj.dtype == torch.int32 and adj.shape == (V, max(degree)) and adj.shape[1] >= k
+    for a in range(V):
+        assert adj[a, :degree[a]].tolist() == dst[start[a]:start[a + 1]].tolist()
+        assert (adj[a, degree[a]:] == V).all()
+
+
+@pytest.mark.parametrize("seed, shape, V, k, sources", [
+    (0, (4,), 12, 1, 64),  # k = 1
+    (1, (3, 5), 16, 15, 64),  # k = V - 1: every code neighbours every other, twice
+    (2, (2, 3), 16, 3, 16),  # sources = V: the full flow
+    (3, (3, 5), 64, 4, 5),  # a chain round's [n, G, V]
+    (4, (6,), 40, 2, 1),
+    (5, (2, 2), 30, 7, 100),  # sources > V
+])
+def test_retarget_padded_is_retarget_bit_for_bit(seed, shape, V, k, sources):
+    """The fixed-shape form gives retarget's p~ exactly on a CPU in float64: dead edges add exact zeros to sums
+    taken in the same order. Rows with no surplus (q = p) and rows at small and large budgets included."""
+    g = torch.Generator().manual_seed(seed)
+    table = rand_table(g, V)
+    adj = padded_neighbours(table, k)
+    p, q = peaked(g, shape, V), peaked(g, shape, V)
+    q.reshape(-1, V)[0] = p.reshape(-1, V)[0]  # a row with no surplus: p~ = p
+    for delta in (0.01, 0.2, 1.0):
+        want = retarget(p, q, table, k, delta, sources=sources)
+        got = retarget_padded(p, q, adj, delta, sources=sources)
+        assert got.shape == p.shape and torch.equal(got, want)
+        assert torch.equal(got.reshape(-1, V)[0], p.reshape(-1, V)[0])
+    assert torch.equal(retarget_padded(p.float(), q.float(), adj, 0.2), retarget(p.float(), q.float(), table, k, 0.2))
+
+
+def test_graph_form_reads_the_padded_adjacency_and_gives_the_eager_rule():
+    """graph_form: the rule a graph round runs (the padded adjacency in place of the table), with the eager rule's
+    target, greedy test, acceptance probabilities and residuals; an unrelaxed rule comes back as it is."""
+    g = torch.Generator().manual_seed(5)
+    V, k = 20, 3
+    table = rand_table(g, V)
+    rule = RetargetRule(0.2, k)
+    impl, adj = rule.graph_form(table)
+    assert impl.padded and not rule.padded and torch.equal(adj, padded_neighbours(table, k))
+    assert impl.graph_form(adj) == (impl, adj)  # a graph form is its own
+    assert (impl.describe(), impl.table_width, impl.relaxed) == (rule.describe(), rule.table_width, rule.relaxed)
+    p, q = peaked(g, (4,), V), peaked(g, (4,), V)
+    x = q.argmax(-1)
+    assert torch.equal(impl.target(p, q, adj), rule.target(p, q, table))
+    assert torch.equal(impl.greedy_accept(p, x, adj), rule.greedy_accept(p, x, table))
+    for a, b in zip(impl.accept_probability(p, q, x, adj), rule.accept_probability(p, q, x, table)):
+        assert torch.equal(a, b)
+    for i in range(4):
+        assert torch.equal(impl.residual(p[i], q[i], int(x[i]), 0, adj), rule.residual(p[i], q[i], int(x[i]), 0, table))
+        assert torch.equal(impl.residual(p[i], None, int(x[i]), 0, adj), rule.residual(p[i], None, int(x[i]), 0, table))
+    exact = RetargetRule(0.0, k)
+    assert exact.graph_form(table) == (exact, table) and RetargetRule(0.2, 0).graph_form(None)[1] is None
+    with pytest.raises(ValueError, match=">= 3 columns"):
+        rule.graph_form(None)
+
+
+def test_the_padded_target_compiles_into_one_graph():
+    """graph_form's rule runs inside torch.compile(fullgraph=True, dynamic=False) (inductor on this CPU), as the
+    chain round's graph calls it: target and greedy test over a chain round's [n, G, V], equal to eager retarget's."""
+    g = torch.Generator().manual_seed(0)
+    V, k, delta = 64, 4, 0.2
+    table = rand_table(g, V)
+    impl, adj = RetargetRule(delta, k).graph_form(table)
+    p, q = peaked(g, (3, 5), V), peaked(g, (3, 5), V)
+    x = q.argmax(-1)
+    fn = lambda p, q, x, adj: (impl.target(p, q, adj), impl.greedy_accept(p, x, adj))  # noqa: E731
+    pt, ok = torch.compile(fn, fullgraph=True, dynamic=False)(p, q, x, adj)
+    torch.testing.assert_close(pt, retarget(p, q, table, k, delta), rtol=0, atol=1e-12)
+    point = torch.zeros_like(p).scatter(-1, x[..., None], 1.0)
+    assert torch.equal(ok, retarget(p, point, table, k, delta).argmax(-1) == x)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -31,10 +31,23 @@ Deterministic drafts (q None: greedy chains, EAGLE-2 / greedy trees), whose toke
 alone: q is taken as the indicator of the candidates (the point mass on x for a chain), so p~ moves up to delta of
 neighbour mass onto the candidate set. Greedy: x passes iff x = argmax p~; a rejection emits argmax p. Either way
 the token emitted is the argmax of a distribution within TV delta of p. delta = 0 or k = 0 is exact decoding.
+
+Two forms of the same computation. `retarget` (eager: decoders' rounds, trees) lists only the live edges, so its
+shapes shrink with the data (nonzero, repeat_interleave, an early break, a CSR cached per table object).
+`retarget_padded` (the chain round as one compiled graph, chain_graph.py) runs at fixed shapes over
+`padded_neighbours(table, k)` [V, D], each code's CSR edges in order padded with the sentinel V to D, the largest
+degree (D >= k, as every code has its own k edges): every row's `sources` top surpluses, all their D edge slots,
+all ROUNDS rounds, dead edges (padding, emptied sources, filled sinks, spent budgets) carrying exact zeros. The
+CPU's index_add_ sums in index order and adding an exact zero changes no sum, so on a CPU in float64 its p~ equals
+retarget's bit for bit (tests/test_rules_tv.py). Eager it is slower, as every round runs over every slot: 32
+positions at V 16384 on one thread take 86 ms instead of 62 at k 100 (D 245), 588 instead of 280 at k 1000 (D 2130,
+a 133 MiB int32 adjacency), on random tables (benchmarks/bench_retarget.py --padded); its place is inside a graph.
+`RetargetRule.graph_form(table)` gives the rule and the table that a graph round passes in place of the eager ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -149,6 +162,75 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     return ((p2.reshape(-1) - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
 
 
+def padded_neighbours(table: Tensor, k: int) -> Tensor:
+    """adj [V, D] int32: row a is neighbour_csr's dst[start[a]:start[a + 1]], code a's edges in that order, padded
+    with V (a code past the last, whose surplus and deficit retarget_padded holds at 0) to D, the largest degree.
+    D >= k: each code has its own k edges, plus one for each code that lists it, 2 k on average, more at hubs (the
+    toy codebook's table at k 100: D 279). int32, as neighbour_csr's dst: half of int64's memory, 133 MiB at V 16384,
+    k 1000 on a random table (D 2130)."""
+    V = table.shape[0]
+    start, dst = neighbour_csr(table, k)
+    degree = start[1:] - start[:-1]
+    D = int(degree.max())  # the one read: the width; built once per table, outside any graph
+    code = torch.repeat_interleave(torch.arange(V, device=table.device), degree)
+    slot = torch.arange(len(dst), device=table.device) - start.index_select(0, code)
+    adj = torch.full((V, D), V, dtype=torch.int32, device=table.device)
+    adj[code, slot] = dst
+    return adj
+
+
+def retarget_padded(p: Tensor, q: Tensor, adj: Tensor, delta: float, rounds: int = ROUNDS,
+                    sources: int = SOURCES) -> Tensor:
+    """retarget's p~ at fixed shapes, for a compiled graph: adj = padded_neighbours(table, k). The edges are every
+    row's `sources` largest surpluses times their D slots, [B, sources, D] in retarget's edge order (row, source by
+    decreasing surplus, neighbour_csr's order); sinks index one flat space where row b's code v is b (V + 1) + v and
+    b (V + 1) + V is the sentinel's, with no deficit. An edge is live while retarget would list it; a dead edge's
+    want is 0, so its offer and flow are 0 and every sum it enters is unchanged."""
+    if delta <= 0:
+        return p
+    shape, V, dtype, device = p.shape, p.shape[-1], p.dtype, p.device
+    p2, q2 = p.reshape(-1, V).double(), q.reshape(-1, V).double()  # float64 inside, as retarget
+    B, W, D = p2.shape[0], V + 1, adj.shape[1]
+    top = (p2 - q2).clamp(min=0.0).topk(min(sources, V), dim=-1)  # live_edges' call: the same sources, same order
+    S = top.indices.shape[1]
+    take = torch.cat([(q2 - p2).clamp(min=0.0), torch.zeros(B, 1, dtype=torch.float64, device=device)], 1)
+    take = take.reshape(-1)
+    dst = (torch.arange(B, device=device)[:, None, None] * W
+           + adj.index_select(0, top.indices.reshape(-1)).reshape(B, S, D)).reshape(-1)
+    # the sums run through index_add_ (in index order on a CPU, as retarget's): a source's over its slots, a row's
+    # over its edges; source-side values stay [B, S] (a source is one code of its row), broadcast over the slots
+    slot = torch.arange(B * S, device=device)[:, None].expand(B * S, D).reshape(-1)
+    row = torch.arange(B, device=device)[:, None].expand(B, S * D).reshape(-1)
+    give = top.values
+    live = (give > 0)[:, :, None].expand(B, S, D)
+    budget = torch.full((B,), float(delta), dtype=torch.float64, device=device)
+    moved_out, moved_in = torch.zeros_like(give), torch.zeros_like(take)
+    for _ in range(rounds):  # every round runs: once the flow stops, a round adds exact zeros
+        sink = take.index_select(0, dst).reshape(B, S, D)
+        live = live & (sink > 0)  # with the end of the round's checks: retarget's filter between rounds
+        want = torch.where(live, sink, 0.0)
+        demand = torch.zeros(B * S, dtype=torch.float64, device=device).index_add_(0, slot, want.reshape(-1))
+        demand = demand.reshape(B, S, 1)
+        offer = give[:, :, None] * want / demand.clamp(min=1e-300)
+        offer = torch.where(demand > 0, offer, 0.0).reshape(-1)
+        got = torch.zeros_like(take).index_add_(0, dst, offer)
+        fill = torch.where(got > take, take / got.clamp(min=1e-300), 1.0)
+        flow = offer * fill.index_select(0, dst)
+        total = torch.zeros_like(budget).index_add_(0, row, flow)
+        scale = torch.where(total > budget, budget / total.clamp(min=1e-300), 1.0)
+        flow = (flow.reshape(B, S * D) * scale[:, None]).reshape(-1)
+        out = torch.zeros(B * S, dtype=torch.float64, device=device).index_add_(0, slot, flow).reshape(B, S)
+        inn = torch.zeros_like(take).index_add_(0, dst, flow)
+        moved_out += out
+        moved_in += inn
+        give = (give - out).clamp(min=0.0)
+        take = (take - inn).clamp(min=0.0)
+        budget = (budget - total * scale).clamp(min=0.0)
+        live = live & (give > 0)[:, :, None] & (budget > 0)[:, None, None]
+    moved_out = torch.zeros_like(p2).scatter(1, top.indices, moved_out)  # a row's sources are distinct codes
+    return ((p2 - moved_out).clamp(min=0.0) + moved_in.reshape(B, W)[:, :V]).reshape(shape).to(dtype)
+
+
 def _indicator(p: Tensor, x: Tensor | list[int]) -> Tensor:
     q = torch.zeros_like(p)
     x = torch.as_tensor(x, device=p.device)
@@ -162,6 +244,7 @@ class RetargetRule:
     delta: float
     k: int
     name: str = "lanterntv"
+    padded: bool = False  # tables are padded_neighbours' adjacency and the target is retarget_padded (graph_form)
 
     @property
     def relaxed(self) -> bool:
@@ -174,11 +257,26 @@ class RetargetRule:
     def describe(self) -> str:
         return f"lanterntv(delta={self.delta:g}, k={self.k})" if self.relaxed else "exact"
 
+    def graph_form(self, table: Tensor | None) -> tuple[RetargetRule, Tensor | None]:
+        """(rule, table) for a round compiled as one graph: this rule reading padded_neighbours(table, k) through
+        retarget_padded, the same p~ at fixed shapes; unrelaxed or padded already, this rule and the table as they
+        are."""
+        if not self.relaxed or self.padded:
+            return self, table
+        self._check(table)
+        return dataclasses.replace(self, padded=True), padded_neighbours(table, self.k)
+
+    def _check(self, table: Tensor | None) -> None:
+        # a padded adjacency has D >= k columns (padded_neighbours), so the check reads both kinds of table alike
+        if table is None or table.shape[-1] < self.k:
+            raise ValueError(f"{self.describe()} needs a neighbour table with >= {self.k} columns")
+
     def target(self, p: Tensor, q: Tensor, table: Tensor | None) -> Tensor:
         if not self.relaxed:
             return p
-        if table is None or table.shape[-1] < self.k:
-            raise ValueError(f"{self.describe()} needs a neighbour table with >= {self.k} columns")
+        self._check(table)
+        if self.padded:
+            return retarget_padded(p, q, table, self.delta)
         return retarget(p, q, table, self.k, self.delta)
 
     def greedy_accept(self, p: Tensor, x: Tensor, table: Tensor | None) -> Tensor:
@@ -197,7 +295,7 @@ class RetargetRule:
         r = (pt - q).clamp(min=0.0)
         r[x] = 0.0  # a rejection means p~(x) < q(x); this keeps rounding from reviving x
         total = r.sum()
-        return r / total if total > 0 else pt / pt.sum()
+        return torch.where(total > 0, r / total, pt / pt.sum())  # no branch on the data: a graph round can call it
 
     def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
         pt = self.target(p, _indicator(p, candidates) if q is None else q, table)
