@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A short GPU lease's checks, most important first, each under its own time limit so that one hang costs only its
-# share: compiled == eager for the decoders whose rounds run as one graph (toy shape), then their round costs on
-# GPT-XL at batch 1 and 8. Rows go to OUTDIR/gpu_rounds.csv: append them to benchmarks/records/gpu_rounds.csv.
-# Needs python3 with torch and CUDA; the repository's src/ is put on PYTHONPATH. About 9 minutes on an H200
-# (compilation dominates); a 15-minute lease leaves room for one rerun.
+# share (at most 580 s in all, one lease command): compiled == eager for the decoders whose rounds run as one graph
+# and have no GPU check yet (toy shape), then round costs on GPT-XL at batch 1: trees and the LANTERN chain, then
+# Jacobi (SJD, GSD), LANTERN-TV and Cool-SD. Rows go to OUTDIR/gpu_rounds.csv: append them to
+# benchmarks/records/gpu_rounds.csv. Needs python3 with torch and CUDA; the repository's src/ is put on PYTHONPATH.
+# Compilation dominates; what a step has not finished in its limit is left for the next lease, as are batch 8
+# (`gpu_rounds.py --batch 8 --specs chain-exact static-lanternpp`) and the toy sweep (config/gpu-toy.yaml).
 #
 #     COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_lease.sh OUTDIR
 set -u
@@ -24,7 +26,9 @@ step() {  # step LIMIT_S NAME COMMAND...: run it under timeout, its output to th
 
 nvidia-smi -L
 $py -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
-step 150 gpu_check $py benchmarks/gpu_check.py --specs static-lanternpp dynamic-exact --sizes --out "$out/gpu_check.csv"
+step 180 gpu_check $py benchmarks/gpu_check.py --specs static-lanternpp dynamic-exact jacobi-sjd jacobi-gsd \
+    chain-lanterntv chain-coolsd --sizes --out "$out/gpu_check.csv"
 step 200 rounds_xl_b1 $py benchmarks/gpu_rounds.py --size GPT-XL --specs static-lanternpp chain-lantern dynamic-exact \
     --batch 1 "${rec[@]}"
-step 150 rounds_xl_b8 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-exact static-lanternpp --batch 8 "${rec[@]}"
+step 200 rounds_xl_b1_peers $py benchmarks/gpu_rounds.py --size GPT-XL --specs jacobi-sjd chain-lanterntv chain-coolsd \
+    jacobi-gsd --batch 1 "${rec[@]}"

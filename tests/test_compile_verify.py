@@ -13,12 +13,14 @@ from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.speculative import decode
 from test_batched import RULES, TABLE
 from test_batched_jacobi import RULES as JACOBI_RULES
+from test_tree_walk import RULES as WALK_RULES
 from test_batched_trees import TREES, f64  # noqa: F401 (fixture)
 from tiny import assert_same_decodes, gens, one_by_one as by_one, one_thread, ragged_t2i, tiny_target, trained  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 KINDS = {"chain": Chain(4), **TREES}
+ALL_RULES = {**WALK_RULES, **RULES, **JACOBI_RULES}
 
 
 @pytest.fixture
@@ -36,14 +38,15 @@ def static(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp"])
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp", "coolsd", "gsd", "lanterntv"])
 @pytest.mark.parametrize("B, greedy", [(1, False), (3, True), (5, False)])
 def test_static_width_equals_one_by_one(f64, static_eager, kind, rule, B, greedy):
     """Finished images stay in the pass as padding rows; short drafts near an image's end pad to the width."""
     target, drafter = f64
     params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy, top_k=8)
-    want, want_stats = one_by_one(target, drafter, torch.arange(B) % 4, params, RULES[rule], KINDS[kind], seed=3)
-    got, stats = static(target, drafter, torch.arange(B) % 4, params, RULES[rule], KINDS[kind], seed=3)
+    rule = ALL_RULES[rule]
+    want, want_stats = one_by_one(target, drafter, torch.arange(B) % 4, params, rule, KINDS[kind], seed=3)
+    got, stats = static(target, drafter, torch.arange(B) % 4, params, rule, KINDS[kind], seed=3)
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
 
 
@@ -54,7 +57,7 @@ def test_static_width_jacobi_equals_one_by_one(static_eager, window, rule, greed
     """jacobi_graph.jacobi_round at its fixed width, finished images as padding, uniform for uniform."""
     target = tiny_target(scale=8.0).double()
     params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy)
-    rule = {**RULES, **JACOBI_RULES}[rule]
+    rule = ALL_RULES[rule]
     want, want_stats = one_by_one(target, None, torch.arange(4) % 4, params, rule, Jacobi(window))
     got, stats = static(target, None, torch.arange(4) % 4, params, rule, Jacobi(window))
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
@@ -83,12 +86,13 @@ def test_width_beyond_budget_is_refused(f64):
 
 
 @pytest.mark.parametrize("kind, rule", [("chain", "lantern"), ("twin_chain_8", "lantern"), ("dynamic", "lantern"),
-                                        ("jacobi", "lantern"), ("jacobi", "gsd"), ("chain", "coolsd")])
+                                        ("jacobi", "lantern"), ("jacobi", "gsd"), ("chain", "coolsd"),
+                                        ("chain", "lanterntv"), ("small", "gsd")])
 def test_compiled_verify_gives_eager_tokens(trained, kind, rule):
     """Inductor's compiled rounds (float32) against the eager batched decoder: the same tokens and rounds; each
     kind compiles once, and a second batch of the same shape reuses the graph."""
     target, drafter = trained
-    rule, params = {**RULES, **JACOBI_RULES}[rule], SamplingParams(cfg_scale=2.0, top_k=8)
+    rule, params = ALL_RULES[rule], SamplingParams(cfg_scale=2.0, top_k=8)
     k = Jacobi(6) if kind == "jacobi" else KINDS[kind]
     cond = torch.tensor([0, 3, 1])
     before = counters["stats"]["unique_graphs"]
@@ -105,18 +109,18 @@ def test_compiled_verify_gives_eager_tokens(trained, kind, rule):
 
 @pytest.mark.parametrize("kind, rule, steps", [
     ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}), ("chain", "coolsd", {"chain_round"}),
-    ("small", "lanternpp", {"tree_round"}), ("small", "coolsd", {"verify_step"}),
-    ("dynamic", "exact", {"tree_round"}), ("jacobi", "exact", {"jacobi_round"}), ("jacobi", "coolsd", {"jacobi_round"})])
+    ("chain", "lanterntv", {"chain_round"}), ("small", "lanternpp", {"tree_round"}), ("small", "coolsd", {"tree_round"}),
+    ("dynamic", "lanterntv", {"tree_round"}), ("jacobi", "exact", {"jacobi_round"}),
+    ("jacobi", "coolsd", {"jacobi_round"})])
 def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
     """compile=True runs a chain's, a tree's or a Jacobi iteration's whole round (drafting, verify, acceptance,
-    commit) as one compiled call (chain_graph.chain_round, tree_graph.tree_round, jacobi_graph.jacobi_round) for
-    rules with a device form; a tree under a rule with host-side sibling verification (Cool-SD) keeps a compiled
-    verify around host-side bookkeeping."""
+    commit) as one compiled call (chain_graph.chain_round, tree_graph.tree_round, jacobi_graph.jacobi_round) under
+    every rule of the registry."""
     asked = []
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     target, drafter = f64
     drafting = Chain(3) if kind == "chain" else Jacobi(4) if kind == "jacobi" else KINDS[kind]
-    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), RULES[rule], drafting)
+    static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), ALL_RULES[rule], drafting)
     assert set(asked) == steps
 
 

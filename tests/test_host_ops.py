@@ -28,10 +28,11 @@ def world():
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, greedy", [("chain-lantern", False), ("chain-lantern", True),
                                           ("static-lanternpp", False), ("dynamic-exact", False),
-                                          ("jacobi-gsd", False), ("jacobi-sjd", True), ("chain-coolsd", False)])
+                                          ("jacobi-gsd", False), ("jacobi-sjd", True), ("chain-coolsd", False),
+                                          ("chain-lanterntv", False)])
 def test_a_compiled_round_stays_within_the_bound(world, spec, greedy):
     """Chains, LANTERN++'s static tree (the authors' 57 nodes), EAGLE-2's dynamic tree, Jacobi iterations (SJD, and
-    GSD's grouped acceptance on them) and Cool-SD's annealed chain."""
+    GSD's grouped acceptance on them), Cool-SD's annealed chain and LANTERN-TV's."""
     from lantern.engine.decoding.sampling import SamplingParams
 
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)

@@ -21,9 +21,8 @@ from lantern.engine.rules.acceptance import AcceptRule
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
-    """compile: a chain or Jacobi iteration under any rule with a device form (chain_graph.graph_capturable), or a
-    tree under a rule of acceptance.py, runs each round as one compiled call (chain_graph.py, jacobi_graph.py,
-    tree_graph.py)."""
+    """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py)."""
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
@@ -32,7 +31,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     if compile and graph_capturable(rule):
         if isinstance(drafting, Chain):
             return GraphChainRounds(target, drafter, drafting, params, rule, table, B)
-        if isinstance(drafting, (StaticTree, DynamicTree)) and rule.impl is None:
+        if isinstance(drafting, (StaticTree, DynamicTree)):
             return GraphTreeRounds(target, drafter, drafting, params, rule, table, B)
     kind = ChainRounds if isinstance(drafting, Chain) else TreeRounds
     return kind(target, drafter, drafting, params, rule, table, B)

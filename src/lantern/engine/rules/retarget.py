@@ -162,12 +162,22 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     return ((p2.reshape(-1) - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
 
 
+_PADDED: dict[tuple[int, int], tuple[weakref.ref, int, Tensor]] = {}  # as _CSR, for padded_neighbours
+
+
 def padded_neighbours(table: Tensor, k: int) -> Tensor:
     """adj [V, D] int32: row a is neighbour_csr's dst[start[a]:start[a + 1]], code a's edges in that order, padded
     with V (a code past the last, whose surplus and deficit retarget_padded holds at 0) to D, the largest degree.
     D >= k: each code has its own k edges, plus one for each code that lists it, 2 k on average, more at hubs (the
     toy codebook's table at k 100: D 279). int32, as neighbour_csr's dst: half of int64's memory, 133 MiB at V 16384,
-    k 1000 on a random table (D 2130)."""
+    k 1000 on a random table (D 2130). Built once per (table, k) and kept while the table lives unchanged, as
+    neighbour_csr."""
+    key = (id(table), k)
+    hit = _PADDED.get(key)
+    if hit is not None and hit[0]() is table and hit[1] == table._version:
+        return hit[2]  # the same tensor for every batch: a CUDA graph that reads it is recorded once
+    for stale in [key_ for key_, (ref, _, _) in _PADDED.items() if ref() is None]:
+        del _PADDED[stale]
     V = table.shape[0]
     start, dst = neighbour_csr(table, k)
     degree = start[1:] - start[:-1]
@@ -176,6 +186,7 @@ def padded_neighbours(table: Tensor, k: int) -> Tensor:
     slot = torch.arange(len(dst), device=table.device) - start.index_select(0, code)
     adj = torch.full((V, D), V, dtype=torch.int32, device=table.device)
     adj[code, slot] = dst
+    _PADDED[key] = (weakref.ref(table), table._version, adj)
     return adj
 
 
