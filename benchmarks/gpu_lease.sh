@@ -34,10 +34,10 @@ if [ "${PART:-1}" = 1 ]; then
     step 200 rounds_xl_b1_peers $py benchmarks/gpu_rounds.py --size GPT-XL --specs jacobi-sjd chain-lanterntv \
         chain-coolsd jacobi-gsd --batch 1 "${rec[@]}"
 else
-    step 200 rounds_xl_k1000 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-lantern-k1000 chain-lantern \
-        --table-k 1001 --batch 1 "${rec[@]}"
+    step 240 rounds_xl_k1000 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-lantern-k1000 chain-lantern \
+        static-lanternpp-k1000 --table-k 1001 --batch 1 "${rec[@]}"
     step 200 rounds_xl_b8 $py benchmarks/gpu_rounds.py --size GPT-XL --specs chain-exact static-lanternpp --batch 8 \
         "${rec[@]}"
-    step 150 rounds_l_b1 $py benchmarks/gpu_rounds.py --size GPT-L --specs chain-exact chain-lantern --batch 1 \
+    step 120 rounds_l_b1 $py benchmarks/gpu_rounds.py --size GPT-L --specs chain-exact chain-lantern --batch 1 \
         "${rec[@]}"
 fi

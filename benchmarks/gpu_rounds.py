@@ -34,8 +34,11 @@ COLUMNS = ["date", "commit", "device", "torch", "size", "spec", "batch", "round_
            "round_in_ar_tokens", "syncs_per_round", "host_ops_per_round"]
 # beside gpu_check's decoders, LANTERN at the paper's operating point: k = 1000 of 16384 codes with the authors'
 # residual (it reads k + 1 neighbours: run it with --table-k 1001)
-DECODERS = {**SPECS, "chain-lantern-k1000": {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.2,
-                                             "k": 1000, "residual": "reference"}}
+DECODERS = {**SPECS,  # and the paper's operating point, k = 1000 of 16384 codes (--table-k 1001)
+            "chain-lantern-k1000": {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.2, "k": 1000,
+                                    "residual": "reference"},
+            "static-lanternpp-k1000": {"name": "lanternpp", "drafting": "static", "tree": "naive_extend_57",
+                                       "lam": 5.0, "k": 1000, "residual": "reference"}}
 RECORD = Path(__file__).resolve().parent / "records" / "gpu_rounds.csv"
 
 
