@@ -146,3 +146,19 @@ def test_clip_training_draws_on_the_generators_device(one_thread):
         train_clip.train(net, tok, data["images"], data["captions"], data["labels"], p, recon=data["images"],
                          progress=False)
     assert mode.draws == 3 * p.steps
+
+
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[8]], ids=methods.point_name)
+def test_graph_rounds_draw_on_the_generators_device(world, spec, monkeypatch):
+    """compile=True's rounds (graph.GraphLoop: each image's stream drawn in the prefill, the generators advanced at
+    the end), their static shapes without inductor."""
+    from lantern.engine.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    params = SamplingParams(cfg_scale=2.0)
+    target = tiny_target()
+    run = methods.build_decoder(spec, params, target, str(world / "drafter.pt"), str(world / "neighbours.pt"),
+                                str(world / "vq.pt"), "cpu", True)
+    with generator_device_check() as mode:
+        run(torch.arange(3) % 4, [image_generator(3, i) for i in range(3)])
+    assert mode.draws > 0

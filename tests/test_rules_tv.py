@@ -158,7 +158,7 @@ def test_neighbour_csr_is_built_once_per_table_and_k():
     gc.collect()
     other = rand_table(g, V)
     module.neighbour_csr(other, k)
-    assert all(ref() is not None for ref, _, _ in module._CSR.values())  # entries of dead tables pruned
+    assert all(ref() is not None for ref, _, _ in module._KEPT.values())  # entries of dead tables pruned
 
 
 def peaked(g, shape, V):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lantern.engine.decoding.chain import Chain, accept_chains
 from lantern.engine.decoding.chain_rounds import chain_drafts
-from lantern.engine.decoding.graph import GraphLoop
+from lantern.engine.decoding.graph import GraphLoop, graph_rule
 from lantern.engine.decoding.rounds import DrafterRounds, batch_probs, finish, in_rows, pack, ragged
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.stats import StepTimer
@@ -88,9 +88,7 @@ class GraphRounds(GraphLoop, DrafterRounds):
 
     def __init__(self, target: GPT, drafter: Drafter, drafting, params: SamplingParams, rule: AcceptRule,
                  table: Tensor | None, B: int):
-        if rule.impl is not None:  # a rule of its own in the form its round reads (LANTERN-TV: padded edges)
-            impl, table = rule.impl.graph_form(table)
-            rule = AcceptRule(rule.kind, k=rule.k, impl=impl)
+        rule, table = graph_rule(rule, table)
         super().__init__(target, drafter, drafting, params, rule, table, B)
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,

@@ -19,6 +19,16 @@ import torch
 from torch import Tensor
 
 from lantern.engine.decoding import compiled
+from lantern.engine.rules.acceptance import AcceptRule
+
+
+def graph_rule(rule: AcceptRule, table: Tensor | None) -> tuple[AcceptRule, Tensor | None]:
+    """(rule, table) in the form a compiled round reads: a rule with a verification of its own in its graph_form
+    (LANTERN-TV: its flow over padded edges, that table), any other as it is."""
+    if rule.impl is None:
+        return rule, table
+    impl, table = rule.impl.graph_form(table)
+    return AcceptRule(rule.kind, k=rule.k, impl=impl), table
 
 
 class GraphLoop:
@@ -41,9 +51,9 @@ class GraphLoop:
         if self.stream_in_greedy or not self.params.greedy:
             size = (N - 1) * self.per_round
             self.states = [g.get_state() for g in generators]
-            u = torch.stack([torch.rand(size, generator=g, dtype=torch.float64) for g in generators])
+            u = torch.stack([torch.rand(size, generator=g, dtype=torch.float64, device=g.device) for g in generators])
             self.stream = self.kept("graph_stream", (B, size + self.per_round), torch.float64)
-            self.stream[:, :size].copy_(u)
+            self.stream[:, :size].copy_(u)  # drawn on the generators' device, sent in one copy
         pinned = self.device.type == "cuda"
         self.reads = [torch.zeros(B, 2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self.queued = None  # (the host buffer a queued round's result arrives in, its event)
@@ -88,4 +98,4 @@ class GraphLoop:
         if self.stream is not None:
             for g, state, used in zip((im.generator for im in self.images), self.states, self.taken.tolist()):
                 g.set_state(state)
-                torch.rand(used, generator=g, dtype=torch.float64)
+                torch.rand(used, generator=g, dtype=torch.float64, device=g.device)

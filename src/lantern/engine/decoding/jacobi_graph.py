@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lantern.engine.decoding.chain import accept_chains
-from lantern.engine.decoding.graph import GraphLoop
+from lantern.engine.decoding.graph import GraphLoop, graph_rule
 from lantern.engine.decoding.jacobi import Image, Jacobi, refill
 from lantern.engine.decoding.rounds import batch_probs, finish, first_tokens, in_rows, prefill_rows, ragged
 from lantern.engine.decoding.sampling import SamplingParams
@@ -72,9 +72,7 @@ class GraphJacobiRounds(GraphLoop):
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                  B: int):
-        if rule.impl is not None:
-            impl, table = rule.impl.graph_form(table)
-            rule = AcceptRule(rule.kind, k=rule.k, impl=impl)
+        rule, table = graph_rule(rule, table)
         self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
         self.N, self.device = target.args.image_tokens, target.output.weight.device
         self.per_round = 2 * jacobi.window + 1

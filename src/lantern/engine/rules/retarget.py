@@ -69,28 +69,37 @@ def neighbour_edges(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return torch.cat([a, b]), torch.cat([b, a])
 
 
-# (id(table), k) -> (a weak reference to the table, its version, its neighbour_csr)
-_CSR: dict[tuple[int, int], tuple[weakref.ref, int, tuple[Tensor, Tensor]]] = {}
+# (store name, id(table), k) -> (a weak reference to the table, its version, what was built from it)
+_KEPT: dict[tuple[str, int, int], tuple[weakref.ref, int, object]] = {}
+
+
+def kept_for(name: str, table: Tensor, k: int, build):
+    """build() once per (name, table, k), reused while that table object lives unchanged (a decoder passes one
+    table to every verification; an in-place edit bumps its version); entries of tables gone since are dropped."""
+    key = (name, id(table), k)
+    hit = _KEPT.get(key)
+    if hit is not None and hit[0]() is table and hit[1] == table._version:
+        return hit[2]
+    for stale in [key_ for key_, (ref, _, _) in _KEPT.items() if ref() is None]:
+        del _KEPT[stale]
+    value = build()
+    _KEPT[key] = (weakref.ref(table), table._version, value)
+    return value
 
 
 def neighbour_csr(table: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(start [V + 1] int64, dst [2 V k] int32): code a's edges of neighbour_edges, in that order, are
-    dst[start[a]:start[a + 1]]. Built once per (table, k) and reused while that table object lives unchanged (a
-    decoder passes one table to every verification; an in-place edit bumps its version)."""
-    key = (id(table), k)
-    hit = _CSR.get(key)
-    if hit is not None and hit[0]() is table and hit[1] == table._version:
-        return hit[2]
-    for stale in [key_ for key_, (ref, _, _) in _CSR.items() if ref() is None]:  # tables gone since
-        del _CSR[stale]
-    V = table.shape[0]
-    src, dst = neighbour_edges(table, k)
-    order = torch.sort(src, stable=True).indices
-    start = torch.zeros(V + 1, dtype=torch.long, device=table.device)
-    start[1:] = torch.bincount(src, minlength=V).cumsum(0)
-    csr = (start, dst.index_select(0, order).int())  # int32: 2 x 65 MiB at V = 16384, k = 1000
-    _CSR[key] = (weakref.ref(table), table._version, csr)
-    return csr
+    dst[start[a]:start[a + 1]]. Built once per (table, k) (kept_for)."""
+
+    def build():
+        V = table.shape[0]
+        src, dst = neighbour_edges(table, k)
+        order = torch.sort(src, stable=True).indices
+        start = torch.zeros(V + 1, dtype=torch.long, device=table.device)
+        start[1:] = torch.bincount(src, minlength=V).cumsum(0)
+        return start, dst.index_select(0, order).int()  # int32: 2 x 65 MiB at V = 16384, k = 1000
+
+    return kept_for("csr", table, k, build)
 
 
 def live_edges(give: Tensor, take: Tensor, table: Tensor, k: int, sources: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -162,32 +171,26 @@ def retarget(p: Tensor, q: Tensor, table: Tensor, k: int, delta: float, rounds: 
     return ((p2.reshape(-1) - moved_out).clamp(min=0.0) + moved_in).reshape(shape).to(dtype)
 
 
-_PADDED: dict[tuple[int, int], tuple[weakref.ref, int, Tensor]] = {}  # as _CSR, for padded_neighbours
-
-
 def padded_neighbours(table: Tensor, k: int) -> Tensor:
     """adj [V, D] int32: row a is neighbour_csr's dst[start[a]:start[a + 1]], code a's edges in that order, padded
     with V (a code past the last, whose surplus and deficit retarget_padded holds at 0) to D, the largest degree.
     D >= k: each code has its own k edges, plus one for each code that lists it, 2 k on average, more at hubs (the
     toy codebook's table at k 100: D 279). int32, as neighbour_csr's dst: half of int64's memory, 133 MiB at V 16384,
-    k 1000 on a random table (D 2130). Built once per (table, k) and kept while the table lives unchanged, as
-    neighbour_csr."""
-    key = (id(table), k)
-    hit = _PADDED.get(key)
-    if hit is not None and hit[0]() is table and hit[1] == table._version:
-        return hit[2]  # the same tensor for every batch: a CUDA graph that reads it is recorded once
-    for stale in [key_ for key_, (ref, _, _) in _PADDED.items() if ref() is None]:
-        del _PADDED[stale]
-    V = table.shape[0]
-    start, dst = neighbour_csr(table, k)
-    degree = start[1:] - start[:-1]
-    D = int(degree.max())  # the one read: the width; built once per table, outside any graph
-    code = torch.repeat_interleave(torch.arange(V, device=table.device), degree)
-    slot = torch.arange(len(dst), device=table.device) - start.index_select(0, code)
-    adj = torch.full((V, D), V, dtype=torch.int32, device=table.device)
-    adj[code, slot] = dst
-    _PADDED[key] = (weakref.ref(table), table._version, adj)
-    return adj
+    k 1000 on a random table (D 2130). Built once per (table, k) (kept_for): the same tensor for every batch, so a
+    CUDA graph that reads it is recorded once."""
+
+    def build():
+        V = table.shape[0]
+        start, dst = neighbour_csr(table, k)
+        degree = start[1:] - start[:-1]
+        D = int(degree.max())  # the one read: the width; built once per table, outside any graph
+        code = torch.repeat_interleave(torch.arange(V, device=table.device), degree)
+        slot = torch.arange(len(dst), device=table.device) - start.index_select(0, code)
+        adj = torch.full((V, D), V, dtype=torch.int32, device=table.device)
+        adj[code, slot] = dst
+        return adj
+
+    return kept_for("padded", table, k, build)
 
 
 def retarget_padded(p: Tensor, q: Tensor, adj: Tensor, delta: float, rounds: int = ROUNDS,
