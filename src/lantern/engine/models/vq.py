@@ -193,6 +193,14 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
+def nearest_rows(z: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """z: [..., D] -> index of the nearest codebook row [N, D] by squared L2, expanded as the taming / LlamaGen
+    quantisers compute it (|z|^2 + |e|^2 - 2 z.e; the first index on an exact tie)."""
+    flat = z.reshape(-1, codebook.shape[1])
+    d = flat.pow(2).sum(1, keepdim=True) + codebook.pow(2).sum(1) - 2 * flat @ codebook.t()
+    return d.argmin(1).reshape(z.shape[:-1])
+
+
 class VectorQuantizer(nn.Module):
     def __init__(self, a: VQArgs):
         super().__init__()
@@ -208,10 +216,7 @@ class VectorQuantizer(nn.Module):
 
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
         """z: [..., e_dim] (already normalised when l2_norm) -> indices of the nearest codebook rows."""
-        e = self.codebook()
-        flat = z.reshape(-1, self.e_dim)
-        d = flat.pow(2).sum(1, keepdim=True) + e.pow(2).sum(1) - 2 * flat @ e.t()
-        return d.argmin(1).reshape(z.shape[:-1])
+        return nearest_rows(z, self.codebook())
 
     def forward(self, z: torch.Tensor):
         """z: [B, e_dim, h, w] -> (z_q with straight-through gradient, codebook loss, commit loss, indices [B, h, w])."""

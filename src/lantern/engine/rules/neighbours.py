@@ -1,5 +1,9 @@
 """`lantern neighbours`: latent-proximity tables over a VQ codebook (LANTERN's neighbour sets).
 
+`--vq` takes a LlamaGen VQ file or a taming VQGAN's Lightning checkpoint (Chameleon's vqgan.ckpt: one codebook,
+8192 x 256, serves Anole and Lumina-mGPT). The authors' own `top_{N-1}_indices.npy` (uint16) is read into this
+format and written from it by `read_authors_table` / `save_authors_table`.
+
 Row x of the table lists the K codes nearest to code x, self excluded, nearest first (as in the authors'
 entrypoints/generate_codebook.py, whose full [N, N - 1] table fills the diagonal with inf). Equal distances are
 ordered by code index, lower first (the authors' CUDA topk leaves that order unspecified). `l2` measures on the raw
@@ -61,15 +65,17 @@ def codebook_sha256(codebook: Tensor) -> str:
 def read_codebook(path: str | Path) -> Tensor:
     """The [N, D] codebook of a VQ checkpoint ({"model": state_dict}, as upstream ships it, or a raw state dict),
     read without building the VQ model."""
-    from lantern.engine.models.checkpoint import extract_state_dict, read_checkpoint
+    from lantern.engine.models.checkpoint import extract_state_dict
+    from lantern.engine.models.vqgan import read_lightning_state_dict
 
     try:  # mmap: only the codebook's bytes of a 288 MB upstream file are read
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - missing, legacy-format or broken files: read_checkpoint says which
-        obj = read_checkpoint(path)
-    if not isinstance(obj, dict):
-        obj = read_checkpoint(path)  # raises the one-line "not a state dict" error
-    sd = extract_state_dict(obj, path)
+    except Exception:  # noqa: BLE001 - missing, legacy-format, Lightning or broken files: read below
+        obj = None
+    if isinstance(obj, dict):
+        sd = extract_state_dict(obj, path)
+    else:  # a Lightning checkpoint (Chameleon's vqgan.ckpt) or a legacy file; any other problem is one line
+        sd = read_lightning_state_dict(path, "VQ checkpoint")
     if not isinstance(sd.get(CODEBOOK_KEY), torch.Tensor):
         raise UserError(f"{path} has no {CODEBOOK_KEY}; pass a VQ tokenizer checkpoint, not a GPT or drafter")
     cb = sd[CODEBOOK_KEY].float()
@@ -124,6 +130,45 @@ def build_table(codebook: Tensor, params: NeighbourParams, source: str = "") -> 
         "codebook_sha256": codebook_sha256(codebook), "source": source,
     }
     return {"neighbours": table, "meta": meta}
+
+
+def save_authors_table(table: Tensor, path: str | Path) -> None:
+    """A table [N, K] as the authors' generate_codebook.py stores theirs: a uint16 .npy (top_{K}_indices.npy)."""
+    import numpy as np
+
+    from lantern.io import atomic_path
+
+    if table.shape[0] > 2**16:
+        raise UserError(f"a {table.shape[0]}-code table does not fit the authors' uint16 format")
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, table.to(torch.int64).numpy().astype(np.uint16))
+
+
+def read_authors_table(path: str | Path, codebook: Tensor, metric: str = "l2") -> dict:
+    """The authors' top_{K}_indices.npy [N, K] (row x: the codes nearest x, self excluded, nearest first) as this
+    module's table ({"neighbours", "meta"}) for `codebook`; save it with lantern.io.save_torch. Their order among
+    equal distances comes from a CUDA top-k and may differ from ours (ties by lower index)."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"neighbour table {path} does not exist; give the authors' top_<K>_indices.npy")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise UserError(f"neighbour table {path} is not a .npy array ({str(e)[:80]})") from None
+    n = codebook.shape[0]
+    if arr.ndim != 2 or arr.shape[0] != n or not 1 <= arr.shape[1] <= n - 1 or arr.dtype.kind not in "iu":
+        raise UserError(f"neighbour table {path} holds a {arr.dtype} {arr.shape} array; a table of this {n}-code "
+                        f"codebook is integer [{n}, K <= {n - 1}]")
+    table = torch.from_numpy(arr.astype(np.int64))
+    if int(table.min()) < 0 or int(table.max()) >= n or (table == torch.arange(n)[:, None]).any():
+        raise UserError(f"neighbour table {path} names codes outside 0..{n - 1} or a code as its own neighbour; "
+                        "it was built for another codebook")
+    meta = {"format": FORMAT, "metric": metric, "k": arr.shape[1], "num_codes": n, "dim": codebook.shape[1],
+            "index_dtype": str(index_dtype(n)).removeprefix("torch."),
+            "codebook_sha256": codebook_sha256(codebook), "source": str(path)}
+    return {"neighbours": table.to(index_dtype(n)), "meta": meta}
 
 
 def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | None = None) -> Tensor:
