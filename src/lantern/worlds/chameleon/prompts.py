@@ -73,6 +73,8 @@ def size_id(tokenizer, vocab: Vocab, pixels: int) -> int:
         raise UserError(f"Lumina-mGPT image size {pixels} is not a multiple of {PATCH} px")
     name, expected = size_token(pixels // PATCH), 8804 + pixels // PATCH
     got = tokenizer.token_to_id(name)
+    if got is None:
+        raise UserError(f"tokenizer {vocab.source} has no size token {name} for {pixels} px")
     if got != expected:
         raise UserError(f"tokenizer {vocab.source} has {name} at id {got}, not {expected} (reserved k has id k + 4)")
     return got
