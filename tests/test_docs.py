@@ -224,7 +224,7 @@ def layout_modules(text: str) -> set[str]:
             if span.endswith("/") and package and span != package and span.count("/") == 1:
                 sub = span  # a sub-package of the bullet's package: its modules follow
                 found.add(f"{package}{sub}__init__.py")
-            elif re.fullmatch(r"[a-z_]+\.py", span):
+            elif re.fullmatch(r"[a-z_][a-z0-9_]*\.py", span):
                 found.add(f"{package}{sub}{span}")
     return found
 
