@@ -249,6 +249,12 @@ def test_neighbour_table_follows_the_authors_rule(files, tmp_path, capsys):
     assert torch.equal(load_neighbours(tmp_path / "authors.pt", cb, 15), table["neighbours"])
     with pytest.raises(UserError, match="another codebook"):
         load_neighbours(tmp_path / "authors.pt", cb + 1, 15)
+    # the CLI both ways: --authors-out writes their file, --from-authors reads it into ours
+    neighbours.main(["--vq", str(files), "--out", str(out), "--params", '{"k": 15}', "--authors-out",
+                     str(tmp_path / "cli.npy")])
+    assert np.array_equal(np.load(tmp_path / "cli.npy"), table["neighbours"].numpy().astype(np.uint16))
+    neighbours.main(["--vq", str(files), "--out", str(tmp_path / "from.pt"), "--from-authors", str(npy)])
+    assert torch.equal(load_neighbours(tmp_path / "from.pt", cb, 15), table["neighbours"])
     np.save(npy, np.tile(np.arange(15, dtype=np.uint16), (16, 1)))  # row 0 names code 0
     with pytest.raises(UserError, match="its own neighbour"):
         read_authors_table(npy, cb)

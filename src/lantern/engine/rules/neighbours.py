@@ -198,16 +198,24 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--vq", required=True, help="VQ checkpoint holding quantize.embedding.weight")
     ap.add_argument("--out", required=True, help="output table (.pt)")
     ap.add_argument("--params", default=None, help="NeighbourParams: metric (l2|cosine), k, chunk (JSON/YAML or file)")
+    ap.add_argument("--from-authors", default=None, help="convert the authors' top_<K>_indices.npy (for --vq's "
+                    "codebook) instead of building; --params is then ignored")
+    ap.add_argument("--authors-out", default=None, help="also write the table as the authors' uint16 .npy")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), NeighbourParams)
     codebook = read_codebook(a.vq)
-    if params.k > codebook.shape[0] - 1:
+    if params.k > codebook.shape[0] - 1 and not a.from_authors:
         raise UserError(f"neighbours k={params.k} exceeds the {codebook.shape[0] - 1} other codes of {a.vq}; lower k")
     rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731 - peak so far
     before_mb, t0 = rss_mb(), time.perf_counter()
-    obj = build_table(codebook, params, source=str(a.vq))
+    if a.from_authors:
+        obj = read_authors_table(a.from_authors, codebook)
+    else:
+        obj = build_table(codebook, params, source=str(a.vq))
     seconds = time.perf_counter() - t0
     save_torch(obj, a.out)
+    if a.authors_out:
+        save_authors_table(obj["neighbours"], a.authors_out)
     # torch alone takes several hundred MB of RSS here; the build's own share is the rise above that
     print(json.dumps({**obj["meta"], "seconds": round(seconds, 2), "peak_rss_mb": round(rss_mb()),
                       "rss_before_build_mb": round(before_mb), "out": a.out}))

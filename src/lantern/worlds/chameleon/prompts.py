@@ -14,9 +14,9 @@ Decisions where the sources could not be checked here (no released tokenizer fil
   token 8710 (the encoding is checked to end there; a file that splits it is one error line).
 Prompt sets, each as (id, caption) rows, the id being the row index (the authors name images prompt_{i}.png):
 PartiPrompts (`PartiPrompts.tsv`, 1632 rows, column Prompt), SJDPrompts (`sjd_prompts()`, the 10 prompts of
-LANTERN's `data/prompts/SJDPrompts.tsv`, which `read_prompt_tsv` also reads), MS-COCO val2017's longest captions as the authors' preprocess.py writes them
-(`captions_val2017_longest.json`, a JSON list of 5000 strings; made from captions_val2017.json by
-lantern.worlds.llamagen.prompts.coco_longest, the same rule).
+LANTERN's `data/prompts/SJDPrompts.tsv`, which `read_prompt_tsv` also reads), MS-COCO val2017's longest captions
+as the authors' preprocess.py writes them (`captions_val2017_longest.json`, a JSON list of 5000 strings; made from
+captions_val2017.json by lantern.worlds.llamagen.prompts.coco_longest, the same rule).
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def read_spec(yaml_path: str | Path) -> VQGANSpec:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise UserError(f"VQGAN config {yaml_path} is not YAML ({type(e).__name__}); give Chameleon's vqgan.yaml") \
             from None
-    params = cfg.get("model", {}).get("params") if isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) else None
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    params = model.get("params") if isinstance(model, dict) else None
     if not isinstance(params, dict):
         raise UserError(f"VQGAN config {yaml_path} has no model.params mapping; give Chameleon's vqgan.yaml")
     dd = params.get("ddconfig")
