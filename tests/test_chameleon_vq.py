@@ -267,3 +267,18 @@ def test_inert_objects_stand_in_for_foreign_classes(tmp_path):
     from lantern.engine.models.vqgan import read_lightning_state_dict
 
     assert list(read_lightning_state_dict(path)) == ["w"]
+
+
+def test_chameleon_shapes_hold_transformers_encoder_keys():
+    """At Chameleon's own ddconfig (transformers' defaults: 5 levels, 2 blocks, 8192 x 256 codes), every key and
+    shape of transformers' VQ encoder is ours; the rest of ours is the decoder, which transformers lacks."""
+    from transformers import ChameleonVQVAE, ChameleonVQVAEConfig
+
+    spec = VQGANSpec(embed_dim=256, n_embed=8192, z_channels=256, ch=128, ch_mult=(1, 1, 2, 2, 4), num_res_blocks=2,
+                     resolution=512)
+    with torch.device("meta"):
+        ours, hf = VQGAN(spec).state_dict(), ChameleonVQVAE(ChameleonVQVAEConfig()).state_dict()
+    assert {k: tuple(v.shape) for k, v in hf.items()} == {k: tuple(ours[k].shape) for k in hf}
+    assert {k.split(".")[0] for k in set(ours) - set(hf)} == {"decoder"}
+    assert ours["decoder.up.4.block.0.conv1.weight"].shape == (512, 512, 3, 3)  # up.4: the deepest, widest level
+    assert ours["decoder.up.0.block.2.conv2.weight"].shape == (128, 128, 3, 3)
