@@ -258,7 +258,7 @@ def read_lightning_state_dict(path: str | Path, what: str = "VQGAN checkpoint") 
                 obj = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_TENSORS_ONLY)
             except Exception as e:  # noqa: BLE001 - a truncated or foreign file: one line whatever the cause
                 detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
-                raise UserError(f"{what} {path} is unreadable: not a torch checkpoint, or truncated ({detail})") \
+                raise UserError(f"{what} {path} is unreadable: not a torch file, or truncated ({detail})") \
                     from None
     if not isinstance(obj, dict):
         raise UserError(f"{what} {path} holds a {type(obj).__name__}, not a mapping of tensors; give a checkpoint")

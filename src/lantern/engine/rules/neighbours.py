@@ -75,7 +75,7 @@ def read_codebook(path: str | Path) -> Tensor:
     if isinstance(obj, dict):
         sd = extract_state_dict(obj, path)
     else:  # a Lightning checkpoint (Chameleon's vqgan.ckpt) or a legacy file; any other problem is one line
-        sd = read_lightning_state_dict(path, "VQ checkpoint")
+        sd = read_lightning_state_dict(path, "checkpoint")
     if not isinstance(sd.get(CODEBOOK_KEY), torch.Tensor):
         raise UserError(f"{path} has no {CODEBOOK_KEY}; pass a VQ tokenizer checkpoint, not a GPT or drafter")
     cb = sd[CODEBOOK_KEY].float()
