@@ -178,8 +178,9 @@ def build_vqgan(spec: VQGANSpec, state_dict: dict, path: str | Path, yaml_path: 
     quantize., quant_conv., post_quant_conv.) must match exactly; the training keys beside them (loss.*: the
     discriminator and LPIPS) are dropped, as the authors' non-strict load ignores them. A missing, extra or
     misshaped key is one line naming the file and the key."""
-    from lantern.engine.models.checkpoint import no_init
+    from lantern.engine.models.checkpoint import no_init, parse_device
 
+    device = parse_device(device) if isinstance(device, str) else device  # "auto", or a one-line error
     with no_init():
         model = VQGAN(spec)
     expected = model.state_dict()

@@ -95,6 +95,9 @@ def read_vqgan(ckpt_path: str | Path, yaml_path: str | Path | None = None) -> tu
 
 def load_vqgan(ckpt_path: str | Path, yaml_path: str | Path | None = None, device: str | torch.device = "cpu") -> VQGAN:
     """The VQGAN (eval, fp32: the authors decode in fp32) of vqgan.ckpt + vqgan.yaml, every key checked."""
+    from lantern.engine.models.checkpoint import parse_device
+
+    device = parse_device(device) if isinstance(device, str) else device  # before reading ~300 MB
     yaml_path = yaml_path or default_yaml(ckpt_path)
     spec, sd = read_vqgan(ckpt_path, yaml_path)
     return build_vqgan(spec, sd, ckpt_path, yaml_path, device)
