@@ -83,6 +83,10 @@ class ChameleonArgs:
     def max_seq_len(self) -> int:
         return self.cls_token_num + self.image_tokens
 
+    def layout(self) -> dict:
+        """The fields the world sets (not in config.json)."""
+        return {k: getattr(self, k) for k in LAYOUT_FIELDS}
+
     def head_ids(self) -> Tensor:
         """[vocab_size] the token id of each code."""
         codes = torch.arange(self.image_offset, self.image_offset + self.image_codes)
@@ -90,6 +94,9 @@ class ChameleonArgs:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+LAYOUT_FIELDS = ("cls_token_num", "image_tokens", "image_offset", "image_codes", "extra_ids", "pad_id", "uncond_prompt")
 
 
 def args_from_hf_config(cfg: dict, path, **layout) -> ChameleonArgs:

@@ -121,7 +121,7 @@ def load_drafter(folder, target: Chameleon) -> ChameleonDrafter:
         raise UserError(f"{folder}/config.json: num_hidden_layers {layers}; the authors' drafter has one layer")
     if cfg.get("bias", True) is not True:
         raise UserError(f"{folder}/config.json: bias {cfg['bias']}; only the drafter with an fc bias is supported")
-    mine = args_from_hf_config(dict(cfg, num_hidden_layers=target.args.n_layer), folder)
+    mine = args_from_hf_config(dict(cfg, num_hidden_layers=target.args.n_layer), folder, **target.args.layout())
     for key in ("dim", "n_head", "ffn_dim", "text_vocab", "norm_eps", "rope_base"):
         if getattr(mine, key) != getattr(target.args, key):
             raise UserError(f"{folder}/config.json: {key} {getattr(mine, key)} differs from the target's "
