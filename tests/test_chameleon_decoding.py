@@ -215,3 +215,40 @@ def test_rope_positions_are_the_authors(pair, monkeypatch):
     assert drafter_prefill.tolist() == [list(range(6)), [0, 0, 0, 0, 0, 1]]  # h_4 (BOS) reads boi at 0
     later = [p for p in seen[2:] if p.shape[1] and p[0, 0] >= 6]
     assert later and all(torch.equal(p[1], p[0] - 4) for p in later)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_static_shapes_equal_one_by_one(pair, kind, monkeypatch):
+    """compile=True's static-width rounds and kept caches (inductor left out: the padding and the cache reuse
+    alone, exactly) over a padded prompt batch, twice (the second batch reuses the kept caches): each image's
+    tokens are those it gets decoded alone."""
+    from lantern.engine.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    target, drafter = pair
+    drafter = None if kind == "jacobi" else drafter
+    params = SamplingParams(cfg_scale=3.0, top_k=3)
+    ids, mask = prompts()
+    table = torch.stack([torch.roll(torch.arange(4), -i)[1:] for i in range(4)])
+    rule = AcceptRule("lantern", delta=0.2, k=2)
+    for seed in (0, 1):
+        got, _ = decode(target, drafter, ids, params, rule, KINDS[kind](), gens(3, seed), table, mask, compile=True)
+        for i in range(3):
+            one, _ = decode(target, drafter, ids[i : i + 1], params, rule, KINDS[kind](), gens(3, seed)[i : i + 1],
+                            table, mask[i : i + 1])
+            assert torch.equal(one[0], got[i])
+
+
+@pytest.mark.slow
+def test_compiled_plain_ar_gives_eager_tokens(pair):
+    """generate(compile=True) through inductor on the Chameleon target (one graph for every step)."""
+    target, _ = pair
+    target = target.float()
+    try:
+        params = SamplingParams(cfg_scale=3.0, greedy=True)
+        ids, mask = prompts()
+        want, _ = generate(target, ids, params, gens(3), cond_mask=mask)
+        got, _ = generate(target, ids, params, gens(3), cond_mask=mask, compile=True)
+        assert torch.equal(got, want)
+    finally:
+        target.double()
