@@ -13,7 +13,8 @@ from lantern.engine.decoding.jacobi import Jacobi
 from lantern.engine.decoding.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.decoding.speculative import decode
 from lantern.engine.decoding.trees import DynamicTree, StaticTree
-from lantern.engine.models.chameleon import ChameleonDrafter, drafter_from_authors
+from lantern.engine.models.chameleon import ChameleonDrafter
+from lantern.engine.models.chameleon_load import drafter_from_authors
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 from lantern.worlds.chameleon.hf import load_drafter

@@ -9,7 +9,8 @@ import torch
 
 from lantern.engine.decoding.generate import cfg_rows
 from lantern.engine.decoding.sampling import SamplingParams
-from lantern.engine.models.chameleon import Chameleon, ChameleonArgs, chameleon_from_hf
+from lantern.engine.models.chameleon import Chameleon, ChameleonArgs
+from lantern.engine.models.chameleon_load import chameleon_from_hf
 from lantern.engine.models.model import causal_mask
 from lantern.errors import UserError
 from lantern.worlds.chameleon.hf import load_target, read_target_folder
@@ -185,3 +186,10 @@ def test_layout_errors_are_one_line():
                                 cls_token_num=4, image_tokens=4)).null_cond(2)
     with pytest.raises(UserError, match="distinct ids below"):
         ChameleonArgs(text_vocab=64, image_codes=16, extra_ids=(64,))
+
+
+def test_a_layout_past_the_trained_positions_is_refused(pair):
+    _, _, folder = pair
+    with pytest.raises(UserError, match="exceed config.json max_position_embeddings 128"):
+        read_target_folder(folder, **dict(LAYOUT, cls_token_num=100, image_tokens=29))
+    assert read_target_folder(folder, **dict(LAYOUT, cls_token_num=100, image_tokens=28))[0].max_seq_len == 128

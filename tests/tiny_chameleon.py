@@ -3,7 +3,7 @@ disk as HF safetensors shards, and read back through worlds/chameleon/hf.py (ref
 import torch
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-from lantern.engine.models.chameleon import chameleon_from_hf
+from lantern.engine.models.chameleon_load import chameleon_from_hf
 from lantern.worlds.chameleon.hf import read_target_folder
 
 LETTERS = "ABCDEFGHIJ"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine.models.chameleon import (Chameleon, ChameleonArgs, ChameleonDrafter, args_from_hf_config,
-                                             chameleon_from_hf, drafter_from_authors)
+from lantern.engine.models.chameleon import Chameleon, ChameleonArgs, ChameleonDrafter
+from lantern.engine.models.chameleon_load import args_from_hf_config, chameleon_from_hf, drafter_from_authors
 from lantern.engine.models.checkpoint import parse_device, parse_dtype
 from lantern.errors import UserError
 from lantern.io import load_torch
