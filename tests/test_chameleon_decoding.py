@@ -253,3 +253,25 @@ def test_compiled_plain_ar_gives_eager_tokens(pair):
         assert torch.equal(got, want)
     finally:
         target.double()
+
+
+def test_the_real_anole_ids_decode(tmp_path_factory):
+    """Vocabulary 8832 (width 32): the decoders see the 8192 codes (ids 4..8195), the prompt and the null row use
+    the real special ids (BOS 0, end of turn 8710, begin of image 8197); greedy chain and dynamic-tree decoding
+    give greedy AR's tokens, and LANTERN with an 8192-row neighbour table samples codes."""
+    folder = save_shards(hf_model(vocab=8832, codes=8192, std=0.5), tmp_path_factory.mktemp("anole"))
+    target = ours_from(folder, cls_token_num=7, image_tokens=6, uncond_prompt=(0, 8197))
+    drafter = random_drafter(target)
+    assert target.args.vocab_size == 8192
+    ids = torch.tensor([[1, 0, 100, 200, 300, 8710, 8197], [1, 1, 1, 0, 400, 8710, 8197]])  # left-padded to T = 7
+    mask = ids != 1
+    greedy = SamplingParams(cfg_scale=3.0, greedy=True)
+    ar, _ = generate(target, ids, greedy, gens(2), cond_mask=mask)
+    for kind in (Chain(3), DynamicTree(total_tokens=8, depth=3, top_k=3)):
+        got, _ = decode(target, drafter, ids, greedy, AcceptRule(), kind, gens(2), cond_mask=mask)
+        assert torch.equal(got, ar)
+    table = (torch.arange(8192)[:, None] + torch.arange(1, 4)) % 8192
+    tokens, stats = decode(target, drafter, ids, SamplingParams(cfg_scale=3.0, top_k=2000),
+                           AcceptRule("lantern", delta=0.1, k=3), Chain(3), gens(2), table, mask)
+    assert tokens.shape == (2, 6) and 0 <= tokens.min() and tokens.max() < 8192
+    assert all(s.n_tokens == 6 for s in stats)

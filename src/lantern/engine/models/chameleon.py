@@ -251,6 +251,10 @@ class ChameleonDrafter(Drafter):
 
     @classmethod
     def from_target(cls, target: Chameleon, options=None) -> "ChameleonDrafter":
+        """A drafter with fresh weights for `target` (its embedding a copy of the target's); the authors' drafter
+        has no options (no feature layers, no own condition inputs)."""
+        if options is not None and options != DrafterOptions(own_embedding=True):
+            raise UserError(f"the Chameleon drafter takes no drafter options (got {options})")
         w = target.output.weight
         d = cls(target.args).to(device=w.device, dtype=w.dtype)
         with torch.no_grad():
