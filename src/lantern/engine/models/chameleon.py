@@ -270,11 +270,6 @@ class ChameleonDrafter(Drafter):
         self.output = target.output
         self.tok_embeddings.requires_grad_(False)
 
-    def _apply(self, fn, *a, **kw):
-        out = nn.Module._apply(self, fn, *a, **kw)
-        self.rope = self.rope.to(self.fc.weight.device)
-        return out
-
     def head(self, hidden: Tensor) -> Tensor:
         return image_logits(hidden, self.output.weight, self.args, self.extra)
 
