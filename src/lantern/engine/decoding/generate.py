@@ -24,7 +24,7 @@ def cfg_rows(model: GPT, cond: Tensor, params: SamplingParams, cond_mask: Tensor
     if not params.use_cfg:
         return cond, cond_mask
     rows = torch.cat([cond, model.null_cond(cond.shape[0], cond.device).to(cond.dtype)])
-    return rows, None if cond_mask is None else torch.cat([cond_mask, cond_mask])
+    return rows, model.cfg_mask(cond_mask, cond.shape[0])
 
 
 def prefill(model: GPT, rows: Tensor, cond_mask: Tensor | None = None):

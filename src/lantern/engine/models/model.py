@@ -206,20 +206,40 @@ class KVCache(nn.Module):
         self.v[rows, :, dst] = self.v[rows, :, src]
 
 
+class HeadNorm(nn.Module):
+    """Chameleon's qk-norm: each head's vector layer-normalised over head_dim (no affine inside, eps 1e-5 as
+    transformers' ChameleonLayerNorm), then that head's own gamma and beta [n_head, head_dim]."""
+
+    def __init__(self, n_head: int, head_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n_head, head_dim))
+        self.bias = nn.Parameter(torch.zeros(n_head, head_dim))
+
+    def forward(self, x: Tensor) -> Tensor:  # x [B, S, H, hd]
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight + self.bias
+
+
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, qk_norm: bool = False):
         super().__init__()
         self.n_head, self.head_dim = args.n_head, args.head_dim
         self.wqkv = nn.Linear(args.dim, 3 * args.dim, bias=False)
         self.wo = nn.Linear(args.dim, args.dim, bias=False)
+        # Chameleon normalises q and k per head before RoPE (engine/models/chameleon.py); LlamaGen does not.
+        self.q_norm = HeadNorm(args.n_head, args.head_dim) if qk_norm else None
+        self.k_norm = HeadNorm(args.n_head, args.head_dim) if qk_norm else None
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None,
                 rows: Tensor | None = None) -> Tensor:
         B, S, D = x.shape
         q, k, v = self.wqkv(x).split(D, dim=-1)
-        q = apply_rope(q.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, S, self.n_head, self.head_dim), rope).transpose(1, 2)
+        q, k = q.view(B, S, self.n_head, self.head_dim), k.view(B, S, self.n_head, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, rope).transpose(1, 2)
+        k = apply_rope(k, rope).transpose(1, 2)
         v = v.view(B, S, self.n_head, self.head_dim).transpose(1, 2)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(slots, k, v, rows)
@@ -231,16 +251,21 @@ class Attention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs, input_norm: bool = True):
+    def __init__(self, args: ModelArgs, input_norm: bool = True, qk_norm: bool = False, swin: bool = False):
         super().__init__()
-        self.attention = Attention(args)
+        self.attention = Attention(args, qk_norm)
         self.feed_forward = FeedForward(args)
         # The EAGLE drafter's single layer has no input norm; the target's layers all have one.
         self.attention_norm = RMSNorm(args.dim, args.norm_eps) if input_norm else nn.Identity()
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        # Chameleon's swin_norm variant: the same two norms applied to each sub-block's output, before the residual.
+        self.swin = swin
 
     def forward(self, x: Tensor, rope: Tensor, mask: Tensor | None, slots: Tensor | None,
                 rows: Tensor | None = None) -> Tensor:
+        if self.swin:
+            h = x + self.attention_norm(self.attention(x, rope, mask, slots, rows))
+            return h + self.ffn_norm(self.feed_forward(h))
         h = x + self.attention(self.attention_norm(x), rope, mask, slots, rows)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -282,7 +307,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not a registered buffer upstream, so it never appears in checkpoints.
-        self.rope = precompute_rope_2d(args)
+        self.rope = self.rope_table()
         self.cache_key_valid: Tensor | None = None
         # What a left-padded caption query sees in the prefill (PAD_SEMANTICS): upstream's own position only, or
         # the LANTERN authors' HF target's (their drafter was trained on those states); set by the decoders' user.
@@ -303,11 +328,20 @@ class GPT(nn.Module):
         probe = self.norm.weight
         if probe.device.type != "meta":
             if self.rope.device.type == "meta":  # built on the meta device, now materialised
-                self.rope = precompute_rope_2d(self.args)
+                self.rope = self.rope_table()
             self.rope = self.rope.to(probe.device)
         return out
 
+    def rope_table(self) -> Tensor:
+        """The RoPE (cos, sin) rows `run` indexes by position (fp32, never in the state dict)."""
+        return precompute_rope_2d(self.args)
+
     # -- embeddings -------------------------------------------------------------------------------------------
+    def cfg_mask(self, cond_mask: Tensor | None, batch: int) -> Tensor | None:
+        """The key mask of the `batch` CFG rows [cond; null cond] (generate.cfg_rows): a null caption is padded as
+        its caption is (upstream), a class needs no mask."""
+        return None if cond_mask is None else torch.cat([cond_mask, cond_mask])
+
     def null_cond(self, batch: int, device=None) -> Tensor:
         """The CFG unconditional condition: the null class id, or the null caption features.
 
