@@ -129,7 +129,8 @@ DELTA = Param("delta", "LANTERN total-variation budget per step", low=0.0, high=
 LAM = Param("lam", "LANTERN++ relative bound: p~(x) <= lam p(x)", low=1.0, low_open=True, tag="l", symbol="λ",
             relaxation=True, hint="lam = 1 is exact decoding: use name: exact")
 GAMMA = Param("gamma", "drafted tokens per round (a chain's length)", kind="int", default=4, low=1, tag="g", symbol="γ")
-TREE = Param("tree", "static shape: naive_extend_57 (the authors' 57 nodes), twin_chain_8, chain (gamma nodes) or "
+TREE = Param("tree", "static shape: naive_extend_57 (the authors' 57 nodes), mc_sim_7b_63 (their Lumina-mGPT 25), "
+             "twin_chain_8, chain (gamma nodes) or "
              "a list of rank paths such as [[0], [1], [0, 0]]", kind="tree", default="naive_extend_57", grid=False)
 TREE_GAMMA = Param("gamma", GAMMA.doc + " of the static `chain` tree", kind="int", default=4, low=1, tag="g",
                    symbol="γ", applies=lambda spec: spec.get("tree") == "chain")
