@@ -117,7 +117,7 @@ def test_mc_sim_7b_63_decodes(trained, greedy):
         assert torch.equal(out, ar)
     else:
         table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
-        rule = AcceptRule("lanternpp", lam=5.0, k=10, residual="reference")
+        rule = AcceptRule("lanternpp", lam=5.0, k=10, residual="lumina")  # the authors' Lumina-mGPT setting
         out, stats = decode(target, drafter, cond, params, rule, tree, gens(4), table=table)
         assert out.shape == (4, 16) and out.min() >= 0 and out.max() < 16
     assert sum(s.accepted_total for s in stats) > 8

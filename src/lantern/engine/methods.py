@@ -121,9 +121,10 @@ class Drafting:
 # -- the parameters ---------------------------------------------------------------------------------------------
 K = Param("k", "neighbours of a draft that may lend it their mass (<= neighbours.max_k)", kind="int", low=0,
           tag="k", symbol="k", relaxation=True, limit="max_k")
-RESIDUAL = Param("residual", "residual after a relaxed rejection: bounded (keeps the TV bound) or reference "
-                 "(the authors' code, also their greedy tie-break on dynamic trees)", kind="choice", default="bounded", choices=("bounded", "reference"),
-                 named="custom")
+RESIDUAL = Param("residual", "residual after a relaxed rejection: bounded (keeps the TV bound), reference "
+                 "(the authors' code, also their greedy tie-break on dynamic trees) or lumina (their Lumina-mGPT "
+                 "code: the neighbours leave p, not q', on static trees)", kind="choice", default="bounded",
+                 choices=("bounded", "reference", "lumina"), named="custom")
 DELTA = Param("delta", "LANTERN total-variation budget per step", low=0.0, high=1.0, tag="d", symbol="δ",
               relaxation=True, hint="delta is a total variation, in [0, 1]; for a relative bound use name: lanternpp with lam")
 LAM = Param("lam", "LANTERN++ relative bound: p~(x) <= lam p(x)", low=1.0, low_open=True, tag="l", symbol="λ",
