@@ -1,0 +1,132 @@
+"""engine/models/layout.py: the Chameleon families' generated sequences against the authors' rules, written out here
+from their logits processors and decoders (jadohu/LANTERN models/ea_model_{anole,lumina_mgpt}.py)."""
+import pytest
+import torch
+
+from lantern.engine.models.layout import (
+    ANOLE, LAYOUTS, LUMINA_MGPT_768, Layout, code_steps, codes_to_ids, forced_after, forced_tokens, ids_to_codes,
+    image_logits, image_mask, lumina_layout, tau_authors, tau_codes,
+)
+from lantern.errors import UserError
+
+
+def authors_lumina_forced(n: int, h: int = 48, w: int = 48):
+    """MultiModalLogitsProcessor for the n-th token after [8197, size, size]: 8803 when (n + 1) % (w + 1) == 0,
+    8196 when n + 1 == (w + 1) * h + 1 (applied last, so it wins), else None (image ids only)."""
+    token = 8803 if (n + 1) % (w + 1) == 0 else None
+    if n + 1 == (w + 1) * h + 1:
+        token = 8196
+    return token
+
+
+def test_lumina_forcing_is_the_authors_rule():
+    forced = forced_tokens(LUMINA_MGPT_768)
+    assert LUMINA_MGPT_768.steps == 2353 == forced.numel() and LUMINA_MGPT_768.codes == 2304
+    assert forced.tolist() == [-1 if authors_lumina_forced(n) is None else authors_lumina_forced(n)
+                               for n in range(2353)]
+    eol = (forced == 8803).nonzero().flatten()
+    assert eol.tolist() == list(range(48, 2352, 49)) and len(eol) == 48  # exactly every 49th slot
+    assert (forced == 8196).nonzero().flatten().tolist() == [2352]  # after the 2352 grid slots
+    assert LUMINA_MGPT_768.forced_steps == 49 and LUMINA_MGPT_768.prefix == (8197, 8828, 8828)
+    assert len(LUMINA_MGPT_768.prefix) + LUMINA_MGPT_768.steps == 2356  # boi .. eoi
+    # Anole: 32 x 32 codes, nothing forced
+    assert ANOLE.steps == ANOLE.codes == 1024 and bool((forced_tokens(ANOLE) == -1).all())
+
+
+def test_lumina_sizes_and_validation():
+    assert lumina_layout(768) == LUMINA_MGPT_768 and LAYOUTS["lumina-mgpt-768"] is LUMINA_MGPT_768
+    assert lumina_layout(512).prefix == (8197, 8820, 8820) and lumina_layout(1024).prefix[1] == 8836
+    assert (lumina_layout(512).rows, lumina_layout(1024).cols) == (32, 64)
+    for bad in (700, 0, True, "768"):
+        with pytest.raises(UserError, match="multiple of 32"):
+            lumina_layout(bad)
+    with pytest.raises(UserError, match="image code's id"):
+        Layout("x", 2, 2, eol=100)  # inside 4 .. 8195
+    with pytest.raises(UserError, match="outside the vocabulary"):
+        Layout("x", 2, 2, eoi=70000)
+    with pytest.raises(UserError, match="do not fit"):
+        Layout("x", 2, 2, code_offset=60000)
+    with pytest.raises(UserError, match="rows=0"):
+        Layout("x", 0, 2)
+
+
+@pytest.mark.parametrize("layout", [ANOLE, LUMINA_MGPT_768, lumina_layout(512)], ids=lambda lay: lay.name)
+def test_ids_and_codes_round_trip(layout):
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 8192, (3, layout.rows, layout.cols), generator=g)
+    ids = codes_to_ids(layout, codes)
+    assert ids.shape == (3, layout.steps)
+    assert torch.equal(ids_to_codes(layout, ids), codes)
+    assert torch.equal(codes_to_ids(layout, codes.flatten(1)), ids)  # a flat code sequence as well
+    forced = forced_tokens(layout)
+    assert torch.equal(ids[:, forced >= 0], forced[forced >= 0].expand(3, -1))
+    # code i sits at step code_steps(i), as id code + 4
+    i = torch.arange(layout.codes)
+    assert torch.equal(ids[:, code_steps(layout, i)], codes.flatten(1) + 4)
+
+
+def test_lumina_ids_to_codes_is_the_authors_decode():
+    """Their decode: strip eoi, assert 48 x 49 tokens, drop the newline column, ids - 4 (bpe2img; id = code + 4)."""
+    g = torch.Generator().manual_seed(1)
+    ids = codes_to_ids(LUMINA_MGPT_768, torch.randint(0, 8192, (48, 48), generator=g))
+    assert ids[-1] == 8196
+    grid = ids[:-1].view(48, 49)
+    assert bool((grid[:, -1] == 8803).all())
+    assert torch.equal(ids_to_codes(LUMINA_MGPT_768, ids), grid[:, :48] - 4)
+
+
+def test_ids_to_codes_names_the_broken_step():
+    ids = codes_to_ids(LUMINA_MGPT_768, torch.zeros(48, 48, dtype=torch.long))
+    broken = ids.clone()
+    broken[97] = 5  # an eol slot holding a code
+    with pytest.raises(ValueError, match="step 97 holds an id that is not token 8803"):
+        ids_to_codes(LUMINA_MGPT_768, broken)
+    broken = ids.clone()
+    broken[3] = 8803  # a code slot holding a structural token
+    with pytest.raises(ValueError, match="step 3 holds an id that is not an image code's id"):
+        ids_to_codes(LUMINA_MGPT_768, broken)
+    with pytest.raises(ValueError, match="2352 generated ids, expected 2353"):
+        ids_to_codes(LUMINA_MGPT_768, ids[:-1])
+    with pytest.raises(ValueError, match="0 .. 8191"):
+        codes_to_ids(ANOLE, torch.full((32, 32), 8192))
+
+
+@pytest.mark.parametrize("layout", [ANOLE, LUMINA_MGPT_768, Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15,
+                                                                     vocab=16)], ids=lambda lay: lay.name)
+def test_forced_after_each_code_is_what_the_sequence_holds(layout):
+    """Splicing each code's followers after it rebuilds the generated sequence: the primitive a round uses to feed
+    the forced tokens to the target in the same forward (docs/chameleon-layout.md)."""
+    codes = torch.arange(layout.codes) % layout.codebook
+    after = forced_after(layout, torch.arange(layout.codes))
+    spliced = [t for c, f in zip(codes.tolist(), after.tolist()) for t in [c + layout.code_offset] + [x for x in f
+                                                                                                      if x >= 0]]
+    assert spliced == codes_to_ids(layout, codes).tolist()
+    assert torch.equal(code_steps(layout, torch.arange(layout.codes)) - torch.arange(layout.codes),
+                       torch.cat([torch.zeros(1, dtype=torch.long), (after >= 0).sum(-1).cumsum(0)[:-1]]))
+
+
+@pytest.mark.parametrize("layout", [ANOLE, LUMINA_MGPT_768], ids=lambda lay: lay.name)
+def test_image_mask_is_the_authors_restriction(layout):
+    """Anole: ids 0..3 and 8196..65535 set to finfo.min; Lumina: every id not in range(4, 8196) suppressed. The
+    softmax over the image head's rows alone is that distribution, with exact zeros elsewhere."""
+    mask = image_mask(layout)
+    authors = torch.ones(65536, dtype=torch.bool)
+    authors[:4] = False
+    authors[8196:] = False
+    assert torch.equal(mask, authors) and int(mask.sum()) == 8192
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 65536, generator=g) * 4
+    theirs = torch.softmax(logits.masked_fill(~authors, torch.finfo(logits.dtype).min), -1)
+    ours = torch.softmax(image_logits(layout, logits), -1)
+    assert bool((theirs[:, ~authors] == 0).all())
+    torch.testing.assert_close(theirs[:, authors], ours, rtol=1e-6, atol=0)
+
+
+def test_tau_both_ways():
+    """800 verify rounds after the prefill: ours counts codes over every forward, theirs every generated step after
+    the first (eol and eoi included) over the rounds."""
+    assert tau_codes(LUMINA_MGPT_768, 801) == pytest.approx(2304 / 801)
+    assert tau_authors(LUMINA_MGPT_768, 801) == pytest.approx(2352 / 800)
+    assert tau_codes(ANOLE, 401) == pytest.approx(1024 / 401) and tau_authors(ANOLE, 401) == pytest.approx(1023 / 400)
+    with pytest.raises(ValueError, match="verify forward"):
+        tau_authors(ANOLE, 1)
