@@ -130,3 +130,55 @@ def test_tau_both_ways():
     assert tau_codes(ANOLE, 401) == pytest.approx(1024 / 401) and tau_authors(ANOLE, 401) == pytest.approx(1023 / 400)
     with pytest.raises(ValueError, match="verify forward"):
         tau_authors(ANOLE, 1)
+
+
+# -- plain AR with a layout, on a tiny LlamaGen GPT standing in for a Chameleon target --------------------------------
+# 3 rows of 4 codes, each row closed by id 15 (the tiny GPT's last vocabulary row): 15 steps within its 16 positions
+TOY = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
+
+
+def authors_ar(model, cond, params, generators, layout):
+    """The authors' plain AR written out: one forward per generated step, forced tokens included; at a free step the
+    CFG-mixed logits with every non-image id at -inf (their processor), drawn with the image's next uniform."""
+    from lantern.engine.decoding.generate import cfg_rows, decode_one_token, prefill
+    from lantern.engine.decoding.sampling import Uniforms, logits_to_probs, mix_cfg, next_tokens
+
+    rows, _ = cfg_rows(model, cond, params)
+    model.setup_cache(rows.shape[0])
+    logits, _ = prefill(model, rows)
+    u = None if params.greedy else Uniforms(generators, layout.codes, cond.device).u
+    forced, allowed = forced_tokens(layout).tolist(), image_mask(layout)
+    ids, code = [], 0
+    for step in range(layout.steps):
+        if forced[step] >= 0:
+            token = torch.full((cond.shape[0],), forced[step])
+        else:
+            guided = mix_cfg(logits, params, code).masked_fill(~allowed, float("-inf"))
+            token = next_tokens(logits_to_probs(guided, params), params, None if u is None else u[:, code])
+            code += 1
+        ids.append(token)
+        if step < layout.steps - 1:
+            fed = torch.cat([token, token]) if params.use_cfg else token
+            logits, _ = decode_one_token(model, fed, model.args.cls_token_num + step)
+    model.clear_cache()
+    return torch.stack(ids, 1)
+
+
+@pytest.mark.parametrize("greedy, cfg, top_k", [(True, 3.0, 0), (False, 1.0, 0), (False, 3.0, 8)])
+def test_generate_with_a_layout_is_the_authors_ar(greedy, cfg, top_k):
+    """generate(layout=...) against the authors' loop (float64): the same codes, eol at every row's end, the forced
+    tokens' forwards counted."""
+    from lantern.engine.decoding.generate import generate
+    from lantern.engine.decoding.sampling import SamplingParams
+    from tiny import gens, tiny_target
+
+    model = tiny_target(scale=3.0).double()
+    params = SamplingParams(cfg_scale=cfg, greedy=greedy, top_k=top_k)
+    cond = torch.arange(6) % 4
+    codes, stats = generate(model, cond, params, gens(6), layout=TOY)
+    ids = authors_ar(model, cond, params, gens(6), TOY)
+    assert bool((ids[:, [4, 9, 14]] == 15).all()) and bool((ids[:, forced_tokens(TOY) < 0] < 15).all())
+    assert torch.equal(codes, ids_to_codes(TOY, ids).flatten(1))
+    assert codes.shape == (6, 12) and len({tuple(c) for c in codes.tolist()}) > 1
+    assert all(s.n_tokens == 12 and s.target_forwards == 12 + 2 for s in stats)  # two eol forwards; the last eol
+    # needs none
