@@ -182,3 +182,131 @@ def test_generate_with_a_layout_is_the_authors_ar(greedy, cfg, top_k):
     assert codes.shape == (6, 12) and len({tuple(c) for c in codes.tolist()}) > 1
     assert all(s.n_tokens == 12 and s.target_forwards == 12 + 2 for s in stats)  # two eol forwards; the last eol
     # needs none
+
+
+# -- chain rounds with a layout (eager) ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def toy_pair():
+    """The tiny GPT in float64 with an untrained drafter given random weights, so that drafts are often wrong."""
+    from lantern.engine.models.drafter import Drafter
+    from tiny import tiny_target
+
+    torch.manual_seed(3)
+    target = tiny_target(scale=3.0).double()
+    drafter = Drafter.from_target(target).eval().double()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
+    return target, drafter
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_chain_with_a_layout_gives_greedy_ar(toy_pair, gamma):
+    """Greedy chain rounds over the codes, eol spliced into the forwards, give greedy AR's codes; gamma 6 spans a row
+    end in every round."""
+    from lantern.engine.decoding.chain import Chain
+    from lantern.engine.decoding.generate import generate
+    from lantern.engine.decoding.sampling import SamplingParams
+    from lantern.engine.decoding.speculative import decode
+    from lantern.engine.rules.acceptance import AcceptRule
+    from tiny import gens
+
+    target, drafter = toy_pair
+    params = SamplingParams(cfg_scale=2.0, greedy=True)
+    cond = torch.arange(5) % 4
+    want, _ = generate(target, cond, params, gens(5), layout=TOY)
+    got, stats = decode(target, drafter, cond, params, AcceptRule(), Chain(gamma), gens(5), layout=TOY)
+    assert torch.equal(got, want)
+    assert all(s.n_tokens == 12 and s.target_forwards == 1 + len(s.accepted_per_step) for s in stats)
+    assert sum(s.accepted_total for s in stats) > 0
+
+
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp-lumina"])
+def test_sampled_chain_with_a_layout_batch_equals_one_by_one(toy_pair, rule):
+    """Each image of a batch gets the codes, rounds and stats it gets alone (float64), relaxed rules included."""
+    from lantern.engine.decoding.chain import Chain
+    from lantern.engine.decoding.sampling import SamplingParams
+    from lantern.engine.decoding.speculative import decode
+    from lantern.engine.rules.acceptance import AcceptRule
+    from tiny import assert_same_decodes, gens
+
+    target, drafter = toy_pair
+    rule = {"exact": AcceptRule(), "lantern": AcceptRule("lantern", delta=0.3, k=5),
+            "lanternpp-lumina": AcceptRule("lanternpp", lam=4.0, k=5, residual="lumina")}[rule]
+    table = torch.stack([torch.roll(torch.arange(15), -i)[1:] for i in range(15)])  # codes 0 .. 14
+    params = SamplingParams(cfg_scale=2.0, top_k=10)
+    cond = torch.arange(6) % 4
+    got, stats = decode(target, drafter, cond, params, rule, Chain(5), gens(6, 2), table, layout=TOY)
+    alone = [decode(target, drafter, cond[i : i + 1], params, rule, Chain(5), gens(6, 2)[i : i + 1], table,
+                    layout=TOY) for i in range(6)]
+    assert_same_decodes(got, stats, torch.cat([t for t, _ in alone]), [s for _, (s,) in alone], 12)
+    assert got.max() < 15 and len({tuple(s.accepted_per_step) for s in stats}) > 1
+
+
+def test_exact_chain_with_a_layout_reproduces_the_authors_distribution():
+    """Exact chain SD over a 2 x 2 layout with an eol (codes 0..2, eol 3) emits the law of the authors' sequence: the
+    joint of the four codes by one teacher-forced pass over ids with the eol in place (chi-square, 700 images)."""
+    import itertools
+
+    from lantern.engine.decoding.chain import Chain
+    from lantern.engine.decoding.sampling import SamplingParams, image_generator, logits_to_probs, mix_cfg
+    from lantern.engine.decoding.speculative import decode
+    from lantern.engine.models.drafter import Drafter
+    from lantern.engine.rules.acceptance import AcceptRule
+    from tiny import chi_square_pvalue, tiny_target
+
+    layout = Layout("toy2", 2, 2, eol=3, code_offset=0, codebook=3, vocab=4)
+    target = tiny_target(scale=4.0, vocab_size=4, image_tokens=9, num_classes=2)
+    drafter = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)  # a poor drafter: plenty of rejections too
+    params = SamplingParams(cfg_scale=2.0, top_k=2)
+    codes = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    ids = codes_to_ids(layout, codes)  # [81, 6]: c c eol c c eol
+    n_seq = len(codes)
+    with torch.no_grad():
+        logits, _ = target(torch.cat([torch.ones(n_seq, dtype=torch.long), torch.full((n_seq,), 2)]),
+                           torch.cat([ids, ids])[:, :-1])
+    steps = code_steps(layout, torch.arange(4))
+    probs = torch.stack([logits_to_probs(image_logits(layout, mix_cfg(logits[:, s], params, j)), params)
+                         for j, s in enumerate(steps.tolist())], 1)
+    joint = probs.gather(2, codes[:, :, None])[:, :, 0].double().prod(1)
+    index = {tuple(c): i for i, c in enumerate(codes.tolist())}
+    counts = torch.zeros(n_seq, dtype=torch.float64)
+    n, B, rejected = 700, 35, 0
+    for first in range(0, n, B):
+        got, stats = decode(target, drafter, torch.ones(B, dtype=torch.long), params, AcceptRule(), Chain(3),
+                            [image_generator(12, i) for i in range(first, first + B)], layout=layout)
+        for c, s in zip(got.tolist(), stats):
+            counts[index[tuple(c)]] += 1
+            rejected += sum(a < min(3, 4) for a in s.accepted_per_step)
+    assert rejected > n / 6
+    assert chi_square_pvalue(joint, counts, n) > 1e-3
+
+
+def test_slot_geometry_by_hand():
+    """TOY (rows of 4 codes, eol 15): y = code 3 ends row 0, so slot 0 is the eol and drafts 4, 5, 6 sit at slots 1,
+    2, 3; the bonus code 7 at slot 4 ends row 1 but is predicted by slot 3's row. Images near the end: codes past the
+    grid sit at the spare slot, never read."""
+    from lantern.engine.decoding.forced import slot_geometry, slot_width, verify_rows
+
+    forced, code_slot, slot_code = slot_geometry(TOY, torch.tensor([4, 1, 11]), 3)
+    S = slot_width(TOY, 3)
+    assert S == 3 + 1 + 2 and forced.shape == slot_code.shape == (3, S)
+    assert forced[0].tolist() == [15, -1, -1, -1, -1, 15] and code_slot[0].tolist() == [1, 2, 3, 4]
+    assert slot_code[0].tolist() == [-1, 0, 1, 2, 3, -1]
+    assert forced[1].tolist() == [-1, -1, -1, 15, -1, -1] and code_slot[1].tolist() == [0, 1, 2, 4]  # y = code 0
+    assert code_slot[2].tolist() == [0, S - 1, S - 1, S - 1]  # code 11 is the last; past it nothing
+    assert verify_rows(TOY, 4, 3) == 5 and verify_rows(TOY, 1, 3) == 5 and verify_rows(TOY, 11, 1) == 2
+
+
+def test_layouts_refuse_what_is_not_built_yet(toy_pair):
+    from lantern.engine.decoding.sampling import SamplingParams
+    from lantern.engine.decoding.speculative import decode
+    from lantern.engine.decoding.trees import static_tree
+    from lantern.engine.rules.acceptance import AcceptRule
+    from lantern.engine.decoding.chain import Chain
+    from tiny import gens
+
+    target, drafter = toy_pair
+    for kind, compile in ((static_tree("chain", 2), False), (Chain(2), True)):
+        with pytest.raises(UserError, match="chain drafting, eager"):
+            decode(target, drafter, torch.arange(1), SamplingParams(), AcceptRule(), kind, gens(1), layout=TOY,
+                   compile=compile)
