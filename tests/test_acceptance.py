@@ -115,6 +115,9 @@ def test_rule_properties():
     r = AcceptRule("lantern", delta=0.2, k=10)
     assert r.relaxed and r.table_width == 10 and "delta=0.2" in r.describe()
     assert AcceptRule("lantern", delta=0.2, k=10, residual="reference").table_width == 11
+    assert AcceptRule("lanternpp", lam=5.0, k=10, residual="lumina").table_width == 11
+    with pytest.raises(ValueError, match=">= 3 columns"):  # the authors' residuals read k + 1 columns: never sliced short
+        residual(P6, None, 0, 1, T6[:, :2], AcceptRule("lantern", delta=0.1, k=2, residual="lumina"))
     assert AcceptRule("lanternpp", lam=3.0, k=4).relaxed
 
 
@@ -443,7 +446,109 @@ def test_reference_treats_a_zero_mass_neighbour_as_a_relaxation():
     assert torch.allclose(residual(p, None, 0, 1, table, bounded), torch.tensor([0, 0, 0.6, 0.4], dtype=F64))
 
 
-@pytest.mark.parametrize("residual_mode", ["bounded", "reference"])
+# -- the Lumina-mGPT residual, against a transcription of the authors' loop (jadohu/LANTERN ea_model_lumina_mgpt.py) --
+def authors_lumina_level(p, q_parent, cands, table, k, delta, uniforms):
+    """One level of their EaLumina_mGPT.evaluate_posterior under sampling, for image-token drafts, written out step
+    by step: q_parent None is eagle_version 2 (dynamic tree, q = 1), else eagle_version 1 (static tree: the parent's
+    drafter distribution, each child tried with its conditional draw probability). Their delta > 1 is LANTERN++'s
+    lam. Returns (index of the accepted candidate or -1, gtp after the rejections)."""
+    gtp = p.clone()
+    for j, x in enumerate(cands):
+        px = gtp[x]
+        cum = torch.cumsum(gtp[table[x, :k]], 0)
+        fits = (cum <= ((delta - 1) * px if delta > 1.0 else delta)).nonzero().flatten()
+        relaxed = fits.numel() > 0
+        if relaxed:
+            px = px + cum[fits[-1]]
+        if q_parent is not None:
+            q = q_parent.clone()
+            q[list(cands[:j])] = 0  # the earlier siblings (their b_indices), renormalised
+            q = q / q.sum()
+            qx = q[x]
+        else:
+            qx = 1.0
+        if uniforms[j] <= px / qx:
+            return j, gtp
+        if relaxed:
+            gtp[table[x, : k + 1]] = 0  # in p (gtp), where their LlamaGen and Anole code zeroes q
+        if q_parent is not None:
+            gtp = (gtp - q).clamp(min=0)
+        else:
+            gtp[x] = 0
+        if gtp.sum() == 0:
+            gtp = torch.ones_like(gtp)
+        gtp = gtp / gtp.sum()
+    return -1, gtp
+
+
+LUMINA = AcceptRule("lantern", delta=0.03, k=2, residual="lumina")
+
+
+def test_lumina_static_residual_zeroes_the_neighbours_in_p_by_hand():
+    """x = 0 borrows p(3) (m* = 1): nearest[0, :3] = 3, 1, 2 leave p, then max(p - q', 0): (0, 0, 0, 0, 0.10, 0.03)
+    / 0.13, where `reference` keeps those codes' whole mass (0, 0.05, 0.10, 0.02, 0.10, 0.03) / 0.30."""
+    q = torch.tensor([0.40, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64)
+    a, c, m = accept_probability(P6, q, torch.tensor(0), T6, LUMINA)
+    assert (int(m), a.item()) == (1, pytest.approx(0.32 / 0.40))
+    want = torch.tensor([0, 0, 0, 0, 0.10, 0.03], dtype=F64) / 0.13
+    assert torch.allclose(residual(P6, q, 0, 1, T6, LUMINA), want)
+    assert torch.allclose(authors_lumina_level(P6, q, [0], T6, 2, 0.03, [0.9])[1], want)
+    # deterministic drafts (their dynamic tree): the reference residual
+    assert torch.equal(residual(P6, None, 0, 1, T6, LUMINA), residual(P6, None, 0, 1, T6, REF))
+    # not relaxed: exact SD's residual
+    loose = AcceptRule("lantern", delta=0.01, k=2, residual="lumina")
+    exact_sd = torch.tensor([0, 0, 0.05, 0, 0.10, 0.03], dtype=F64) / 0.18
+    assert torch.allclose(residual(P6, q, 0, 0, T6, loose), exact_sd)
+    # everything zeroed: uniform, as their torch.ones_like
+    assert torch.equal(residual(P6, P6.clone(), 5, 1, T6, LUMINA), torch.full((6,), 1 / 6, dtype=F64))
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("bound", [0.05, 0.2, 3.0])  # LANTERN's delta, and LANTERN++'s lam as their delta > 1
+def test_lumina_siblings_equal_the_authors_loop(static, bound):
+    """Random (p, q) pairs and candidate lists: verify_candidates under residual `lumina` accepts the candidate the
+    authors' loop accepts and leaves the same target, for LANTERN and LANTERN++ bounds, static and dynamic trees."""
+    g = torch.Generator().manual_seed(7 + int(10 * bound) + static)
+    V, k = 9, 3
+    rule = (AcceptRule("lanternpp", lam=bound, k=k, residual="lumina") if bound > 1
+            else AcceptRule("lantern", delta=bound, k=k, residual="lumina"))
+    outcomes = set()
+    for trial in range(60):
+        p, table = rand_dist(g, V, zeros=trial % 3), rand_table(g, V)
+        q = rand_dist(g, V) if static else None
+        cands = torch.randperm(V, generator=g)[:4].tolist()
+        u = torch.rand(4, generator=g, dtype=F64).tolist()
+        j, got = verify_candidates(p, q, cands, table, rule, u)
+        want_j, want = authors_lumina_level(p, q, cands, table, k, bound, u)
+        assert j == want_j
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        outcomes.add(j)
+    assert -1 in outcomes and len(outcomes) >= 3  # rejections of every candidate and acceptances were exercised
+
+
+def test_lumina_is_exact_without_relaxation_and_unbounded_with_it():
+    """m* = 0: one verification emits p exactly. Relaxed, it keeps no TV bound: a draft that borrows nothing (its
+    nearest code has no mass, so m* = 1, c = 0) zeroes code 2's 0.3 in p, the residual max(p' - q', 0) is empty and
+    falls back to uniform: TV 0.075 at delta 0.01 (0.125 with a second sibling), and code 1, outside p's support, is
+    emitted. `reference` (zeroing in q') and `bounded` emit p exactly here."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        p, q, table = rand_dist(g, 6), rand_dist(g, 6, zeros=1), rand_table(g, 6)
+        rule = AcceptRule("lantern", delta=float(p.min()) * 0.5, k=3, residual="lumina")
+        assert torch.allclose(emitted_without_replacement(p, q, 1, table, rule), p, atol=1e-12)
+    p = torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=F64)
+    q = torch.tensor([0.6, 0.1, 0.1, 0.2], dtype=F64)
+    table = torch.tensor([[1, 2, 3], [0, 2, 3], [0, 1, 3], [0, 1, 2]])
+    emitted = {mode: [emitted_without_replacement(p, q, n, table, AcceptRule("lantern", delta=0.01, k=1,
+                                                                                residual=mode)) for n in (1, 2)]
+               for mode in ("lumina", "reference", "bounded")}
+    one, two = emitted["lumina"]
+    assert torch.allclose(one, torch.tensor([0.525, 0.025, 0.225, 0.225], dtype=F64))
+    assert tv(one, p) == pytest.approx(0.075) and tv(two, p) == pytest.approx(0.125) and two[1] > 0
+    assert all(torch.allclose(e, p, atol=1e-12) for mode in ("reference", "bounded") for e in emitted[mode])
+
+
+@pytest.mark.parametrize("residual_mode", ["bounded", "reference", "lumina"])
 def test_compact_int16_tables_give_the_same_answers(residual_mode):
     rule = AcceptRule("lantern", delta=0.1, k=3, residual=residual_mode)
     q = torch.tensor([0.40, 0.10, 0.05, 0.05, 0.10, 0.30], dtype=F64)
@@ -458,7 +563,7 @@ def test_compact_int16_tables_give_the_same_answers(residual_mode):
                        greedy_accept(P6.expand(6, -1), torch.arange(6), T6, rule))
 
 
-@pytest.mark.parametrize("residual_mode", ["bounded", "reference"])
+@pytest.mark.parametrize("residual_mode", ["bounded", "reference", "lumina"])
 @pytest.mark.parametrize("with_q", [True, False])
 def test_residual_rows_equal_residual_row_by_row(residual_mode, with_q):
     """The device-side batched residual (chains accept every image at once) gives `residual`'s numbers, including

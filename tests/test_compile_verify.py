@@ -38,7 +38,7 @@ def static(target, drafter, cond, params, rule, kind, seed=0, cond_mask=None):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp", "coolsd", "gsd", "lanterntv"])
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lanternpp", "lanternpp-lumina", "coolsd", "gsd", "lanterntv"])
 @pytest.mark.parametrize("B, greedy", [(1, False), (3, True), (5, False)])
 def test_static_width_equals_one_by_one(f64, static_eager, kind, rule, B, greedy):
     """Finished images stay in the pass as padding rows; short drafts near an image's end pad to the width."""

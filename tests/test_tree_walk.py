@@ -17,6 +17,7 @@ RULES = {
     "lantern": AcceptRule("lantern", delta=0.3, k=3),
     "lantern-reference": AcceptRule("lantern", delta=0.3, k=3, residual="reference"),
     "lanternpp": AcceptRule("lanternpp", lam=4.0, k=3, residual="reference"),
+    "lanternpp-lumina": AcceptRule("lanternpp", lam=4.0, k=3, residual="lumina"),
     "coolsd": methods.rule(methods.normalize({"name": "coolsd", "drafting": "static", "scale": 2.0, "nu": 0.5})),
     "gsd": methods.rule(methods.normalize({"name": "gsd", "drafting": "static", "group": 4, "k": 3, "gap": 0.5})),
     "lanterntv": methods.rule(methods.normalize({"name": "lanterntv", "delta": 0.3, "k": 3})),

@@ -77,6 +77,53 @@ def test_naive_extend_57_shape():
     assert tree.upto(2).n == 18 and tree.upto(9) is tree
 
 
+# The authors' Lumina-mGPT tree: EAGLE-1's mc_sim_7b_63 (SafeAILab/EAGLE model/choices.py, used by jadohu/LANTERN
+# with eagle_version 1), written out by parent and fan-out.
+AUTHORS_MC_SIM_7B_63 = (
+    _fan([], 4)
+    + _fan([0], 3) + _fan([1], 2) + _fan([2], 2) + _fan([3], 1)
+    + _fan([0, 0], 3) + _fan([0, 1], 2) + _fan([0, 2], 2) + _fan([1, 0], 1)
+    + _fan([0, 0, 0], 3)
+    + _fan([0, 0, 0, 0], 2)
+)
+
+
+def test_mc_sim_7b_63_is_the_authors_tree_node_for_node():
+    tree = tree_from_method({"drafting": "static", "tree": "mc_sim_7b_63"})
+    assert len(AUTHORS_MC_SIM_7B_63) == 25 and tree.n == 25 and tree.depth == 5
+    assert tree.paths == sorted(map(tuple, AUTHORS_MC_SIM_7B_63), key=lambda p: (len(p), p))
+    assert torch.bincount(tree.depths).tolist() == [0, 4, 8, 8, 3, 2]
+    assert tree.max_rank == 3 and tree.fanout == [4, 3, 3, 3, 2, 0]
+    # EAGLE's listing, in its own order (the first node per depth and the deepest two)
+    assert [tree.paths[i] for i in (0, 3, 4, 11, 12, 19, 20, 22, 23, 24)] == [
+        (0,), (3,), (0, 0), (3, 0), (0, 0, 0), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)]
+    custom = tree_from_method({"drafting": "static", "tree": AUTHORS_MC_SIM_7B_63[::-1]})
+    assert custom.paths == tree.paths and torch.equal(custom.block, tree.block)
+    assert normalize({"name": "lanternpp", "drafting": "static", "tree": "mc_sim_7b_63", "lam": 5, "k": 10})[
+        "tree"] == "mc_sim_7b_63"
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_mc_sim_7b_63_decodes(trained, greedy):
+    """A decode with the Lumina tree: greedy gives greedy AR's tokens; sampled LANTERN++ runs to full images with
+    accepted paths no deeper than the tree."""
+    target, drafter = trained
+    tree = static_tree("mc_sim_7b_63")
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    cond = torch.arange(4)
+    if greedy:
+        ar, _ = generate(target, cond, params, gens(4))
+        out, stats = decode(target, drafter, cond, params, AcceptRule(), tree, gens(4))
+        assert torch.equal(out, ar)
+    else:
+        table = torch.stack([torch.roll(torch.arange(16), -i)[1:] for i in range(16)])
+        rule = AcceptRule("lanternpp", lam=5.0, k=10, residual="lumina")  # the authors' Lumina-mGPT setting
+        out, stats = decode(target, drafter, cond, params, rule, tree, gens(4), table=table)
+        assert out.shape == (4, 16) and out.min() >= 0 and out.max() < 16
+    assert sum(s.accepted_total for s in stats) > 8
+    assert all(a <= d <= 5 for s in stats for a, d in zip(s.accepted_per_step, s.tree_depth))
+
+
 def test_shape_specs_and_errors():
     chain = tree_from_method({"drafting": "static", "tree": "chain", "gamma": 6})
     assert chain.paths == [(0,) * d for d in range(1, 7)]
@@ -404,7 +451,7 @@ def test_dynamic_tree_is_eagle2_selection(trained):
     assert int(draft.depth.max()) == max(len(p) for p in want)
 
 
-@pytest.mark.parametrize("name", ["naive_extend_57", "twin_chain_8"])
+@pytest.mark.parametrize("name", ["naive_extend_57", "mc_sim_7b_63", "twin_chain_8"])
 def test_fanout_is_the_most_children_at_each_depth(name):
     """StaticTree.fanout, which bounds a sampled walk's tries per depth (tree_rounds.walk), counted from the rank
     paths: a node at depth d has as many children as paths extend it by one rank."""

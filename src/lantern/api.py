@@ -408,9 +408,9 @@ def method_spec(method: str | dict, max_k: int | None = None, **params: Any) -> 
                         "lantern.methods()")
     context = {} if max_k is None else {"max_k": max_k}
     spec = normalize(entry, "method", context)
-    if max_k is not None and spec.get("residual") == "reference" and rule(spec).table_width > max_k:
+    if max_k is not None and spec.get("residual") in ("reference", "lumina") and rule(spec).table_width > max_k:
         width = rule(spec).table_width
-        raise UserError(f"method reads the {width} nearest codes (the reference residual zeroes k + 1 = {width}), "
+        raise UserError(f"method reads the {width} nearest codes (the authors' residual zeroes k + 1 = {width}), "
                         f"but neighbours.max_k = {max_k}; lower k or load the world with neighbours_k >= {width}")
     return spec
 

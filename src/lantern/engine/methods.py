@@ -121,15 +121,17 @@ class Drafting:
 # -- the parameters ---------------------------------------------------------------------------------------------
 K = Param("k", "neighbours of a draft that may lend it their mass (<= neighbours.max_k)", kind="int", low=0,
           tag="k", symbol="k", relaxation=True, limit="max_k")
-RESIDUAL = Param("residual", "residual after a relaxed rejection: bounded (keeps the TV bound) or reference "
-                 "(the authors' code, also their greedy tie-break on dynamic trees)", kind="choice", default="bounded", choices=("bounded", "reference"),
-                 named="custom")
+RESIDUAL = Param("residual", "residual after a relaxed rejection: bounded (keeps the TV bound), reference "
+                 "(the authors' code, also their greedy tie-break on dynamic trees) or lumina (their Lumina-mGPT "
+                 "code: the neighbours leave p, not q', on static trees)", kind="choice", default="bounded",
+                 choices=("bounded", "reference", "lumina"), named="custom")
 DELTA = Param("delta", "LANTERN total-variation budget per step", low=0.0, high=1.0, tag="d", symbol="δ",
               relaxation=True, hint="delta is a total variation, in [0, 1]; for a relative bound use name: lanternpp with lam")
 LAM = Param("lam", "LANTERN++ relative bound: p~(x) <= lam p(x)", low=1.0, low_open=True, tag="l", symbol="λ",
             relaxation=True, hint="lam = 1 is exact decoding: use name: exact")
 GAMMA = Param("gamma", "drafted tokens per round (a chain's length)", kind="int", default=4, low=1, tag="g", symbol="γ")
-TREE = Param("tree", "static shape: naive_extend_57 (the authors' 57 nodes), twin_chain_8, chain (gamma nodes) or "
+TREE = Param("tree", "static shape: naive_extend_57 (the authors' 57 nodes), mc_sim_7b_63 (their Lumina-mGPT 25), "
+             "twin_chain_8, chain (gamma nodes) or "
              "a list of rank paths such as [[0], [1], [0, 0]]", kind="tree", default="naive_extend_57", grid=False)
 TREE_GAMMA = Param("gamma", GAMMA.doc + " of the static `chain` tree", kind="int", default=4, low=1, tag="g",
                    symbol="γ", applies=lambda spec: spec.get("tree") == "chain")

@@ -23,38 +23,56 @@ from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, f
                                             ragged, target_forward, to_device)
 from lantern.engine.decoding.sampling import SamplingParams, Uniforms, next_tokens
 from lantern.engine.decoding.stats import ImageStats, StepTimer
+from lantern.engine.decoding.forced import code_positions, slot_geometry, slot_ids, verify_rows
 from lantern.engine.models.drafter import Drafter
+from lantern.engine.models.layout import Layout, code_steps, image_logits
 
 
 def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                  rows: Tensor | None, last: Tensor, Q: Tensor, done: Tensor, gs: Tensor, u: Tensor | None,
-                 params: SamplingParams, G: int) -> tuple[Tensor, Tensor]:
+                 params: SamplingParams, G: int, layout: Layout | None = None,
+                 geometry: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """G chain drafts for n images, the drafting of a chain round in one function, eager or compiled with static
     shapes (gpt-fast style, as verify_step): the drafter's catch-up over each image's pending inputs (emb, hidden,
     pos, slots [R * n, S, ...], visible [R * n, S, L] in forward layout over the cache rows `rows`, None: all),
     whose predicted state at each image's last input (`last` [n]) gives q_1 and x_1; then drafter step i feeds x_i
     at target position Q + i (Q [n]: each image's newest token) for the images that want a draft i + 2 (gs [n]:
     drafts wanted; the others' queries are padding). q_i are CFG-mixed and filtered at image-token index done + i;
-    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V])."""
+    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V]).
+    layout (forced structural tokens, eager rounds): the steps walk the slots after y (forced.slot_geometry's
+    `geometry`) and G counts them: a forced slot feeds its id without a draw, a code's slot draws draft t over the
+    image head with u[:, t] and feeds it as id code + offset; X and q are gathered at the codes' slots."""
     n, L, device = last.shape[0], drafter.cache_len, emb.device
     R = emb.shape[0] // n
     out = drafter.forward_rows(emb, hidden, pos, slots, visible, rows)
     pred = out.view(R, n, out.shape[1], -1)[:, torch.arange(n, device=device), last]  # [R, n, d]
     xs, qs = [], []
-    for i in range(G):
-        q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (done + i)[:, None])[:, 0]
-        xs.append(next_tokens(q, params, None if u is None else u[:, i]))
+    steps, feed_below = G, gs - 1
+    if geometry is not None:
+        forced, code_slot, slot_code = geometry
+        feed_below = code_slot.gather(1, (gs - 1).clamp(min=0)[:, None])[:, 0]
+    for i in range(steps):
+        t = i if geometry is None else slot_code[:, i].clamp(min=0)  # the draft a slot holds
+        head = drafter.head(pred.reshape(R * n, 1, -1))
+        q = batch_probs(head if layout is None else image_logits(layout, head), params, (done + t)[:, None])[:, 0]
+        ut = None if u is None else u[:, i] if geometry is None else u.gather(1, t[:, None])[:, 0]
+        xs.append(next_tokens(q, params, ut))
         qs.append(q)
-        if i == G - 1:
+        if i == steps - 1:
             break
-        real = (i < gs - 1)[:, None]
+        fed = xs[-1] if geometry is None else torch.where(forced[:, i] >= 0, forced[:, i], xs[-1] + layout.code_offset)
+        real = (i < feed_below)[:, None]
         at = (Q + i)[:, None]
         step_pos, step_slots = torch.where(real, at, 0), torch.where(real, at, L - 1)
         step_visible = (torch.arange(L, device=device) <= at[..., None]) & real[..., None]
-        pred = drafter.forward_rows(in_rows(drafter.embed_tokens(xs[-1]), R)[:, None], pred.reshape(R * n, 1, -1),
+        pred = drafter.forward_rows(in_rows(drafter.embed_tokens(fed), R)[:, None], pred.reshape(R * n, 1, -1),
                                     in_rows(step_pos, R), in_rows(step_slots, R), in_rows(step_visible, R),
                                     rows).view(R, n, -1)
-    return torch.stack(xs, 1), torch.stack(qs, 1)
+    X, q = torch.stack(xs, 1), torch.stack(qs, 1)
+    if geometry is not None:
+        at = code_slot[:, :-1].clamp(max=steps - 1)  # a draft beyond the image's drafts: any slot, never read
+        X, q = X.gather(1, at), q.gather(1, at[..., None].expand(-1, -1, q.shape[-1]))
+    return X, q
 
 
 class ChainRounds(DrafterRounds):
@@ -102,21 +120,37 @@ class ChainRounds(DrafterRounds):
         hidden = pack([im.pend_h[:, : n] for im, n in zip(plan, lengths)], S)
         pos, slots, visible = ragged(starts, pending, S, R, self.drafter.cache_len)
         step = compiled.compiled_step(chain_drafts, device) if self.static else chain_drafts
+        layout, geometry, steps = self.layout, None, [min(gamma, self.N - im.n) for im in images]
+        if layout is None:
+            self.Q = T + done - 1
+        else:  # eager rounds (kinds.rounds_for): the slots after y, forced tokens spliced in (forced.py)
+            self.Q, geometry = code_positions(layout, T, done - 1), slot_geometry(layout, done, gamma)
+            steps = [code_steps(layout, im.n + g - 1) - code_steps(layout, im.n - 1) for im, g in zip(images, self.g)]
+            self.rows_verified = [verify_rows(layout, im.n, g) for im, g in zip(images, self.g)]
+        self.geometry = geometry
         X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
-                    (pending - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
+                    (pending - 1).clamp(min=0), self.Q, done, gs, u, params, gamma if self.static else max(steps),
+                    layout, geometry)
         if self.static:
             X, q = X[self.index], q[self.index]
-        for im, g in zip(images, self.g):
-            im.stats.drafter_forwards += g  # the catch-up, then g - 1 steps
+        for im, k in zip(images, steps):
+            im.stats.drafter_forwards += k  # the catch-up, then k - 1 steps (forced slots included)
         self.X, self.q = X, q
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:
         target_forward's static shape)."""
-        R = images[0].pend_emb.shape[0]
-        seq = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
-        Q = self.target.args.cls_token_num + self.done - 1
-        pos, slots, visible = ragged(Q, self.gs + 1, seq.shape[1], R, self.target.cache_len)
+        R, layout = images[0].pend_emb.shape[0], self.layout
+        y = self.buf[self.index, self.done - 1]
+        if layout is None:
+            seq, lengths = torch.cat([y[:, None], self.X], 1), self.gs + 1
+        else:  # y, then the slots after it: drafts and the forced tokens between them, up to the bonus code's row
+            forced, code_slot, _ = self.geometry
+            ids = slot_ids(layout, forced, code_slot, self.X)
+            seq = torch.cat([(y + layout.code_offset)[:, None], ids], 1)[:, : max(self.rows_verified)]
+            (lengths,) = to_device(self.device, self.rows_verified)
+        self.seq = seq
+        pos, slots, visible = ragged(self.Q, lengths, seq.shape[1], R, self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
         return target_forward(self.target, self.rows, in_rows(seq, R), pos, slots, visible, width)
@@ -124,6 +158,12 @@ class ChainRounds(DrafterRounds):
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """Acceptance and the next token of every active image on the device, then the one read of the round."""
         n, R, T, N = len(images), images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N
+        layout = self.layout
+        if layout is not None:  # each code's predicting row (the eol's after a row end), over the image head
+            rows_at = self.geometry[1].clamp(max=logits.shape[1] - 1)  # [n, G + 1]
+            V = logits.shape[-1]
+            logits = logits.view(R, n, -1, V).gather(2, rows_at[None, ..., None].expand(R, -1, -1, V))
+            logits = image_logits(layout, logits.view(R * n, -1, V))
         index = self.done[:, None] + torch.arange(logits.shape[1], device=self.device)
         P = batch_probs(logits, self.params, index)
         u = None if self.uniforms is None else self.uniforms.u
@@ -138,6 +178,15 @@ class ChainRounds(DrafterRounds):
             used.append(g + min(a_i + 1, g) + (not done))
             if done:
                 im.n = N
+                continue
+            if layout is not None:  # the verified rows up to the next code's predicting row, eol tokens included
+                base, r = code_steps(layout, im.n - 1), code_steps(layout, im.n + a_i) - code_steps(layout, im.n - 1) - 1
+                fed = torch.cat([self.seq[i, 1 : r + 1], self.buf[im.index, im.n + a_i : im.n + a_i + 1]
+                                 + layout.code_offset])
+                im.pend_emb = self.drafter.embed_tokens(fed).expand(R, -1, -1)
+                im.pend_h = hidden[i::n, : r + 1]
+                im.start = T + base
+                im.n += a_i + 1
                 continue
             im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n : im.n + a_i + 1]).expand(R, -1, -1)
             im.pend_h = hidden[i::n, : a_i + 1]

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from lantern.engine.decoding import compiled
+from lantern.engine.models.layout import Layout, forced_after, image_logits
 from lantern.engine.models.model import GPT, causal_mask
 from lantern.engine.decoding.sampling import SamplingParams, Uniforms, logits_to_probs, mix_cfg, next_tokens
 from lantern.engine.decoding.stats import ImageStats, StepTimer, peak_memory, reset_peak_memory
@@ -68,13 +69,20 @@ def generate(
     generators: list[torch.Generator],
     cond_mask: Tensor | None = None,
     compile: bool = False,
+    layout: Layout | None = None,
 ) -> tuple[Tensor, list[ImageStats]]:
     """Vanilla AR decoding of a batch; returns image tokens [B, N] and one ImageStats per image.
+
+    layout (engine/models/layout.py): a family whose sequence carries forced structural tokens. The tokens are then
+    its codes [B, layout.codes], drawn from the image head's rows (layout.image_logits: the authors' restriction)
+    and fed as id code + code_offset; each forced token that follows a code is fed in a forward of its own, as the
+    authors' plain AR feeds every token (docs/chameleon-layout.md), and counts in target_forwards.
 
     compile: run each decode step through torch.compile (engine/decoding/compiled.py; the first call per model shape and
     batch compiles, inside the timed "verify" section) on a KV cache kept for the next call; the prefill and the
     sampling (per-image generators) stay eager. Off: plain eager steps, the reference numbers."""
-    B, N, T = cond.shape[0], model.args.image_tokens, model.args.cls_token_num
+    B, T = cond.shape[0], model.args.cls_token_num
+    N = model.args.image_tokens if layout is None else layout.codes
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
     device = model.output.weight.device
@@ -92,24 +100,34 @@ def generate(
     input_pos = torch.full((1,), T, device=device)
     with timer.section("other"):  # every image's N uniforms, one per token, in one copy: no host sync per token
         u = None if params.greedy else Uniforms(generators, N, device).u
+        # host ints: the forced tokens after each code (layout), read without a sync
+        follows = [[] for _ in range(N)] if layout is None else [
+            [t for t in after if t >= 0] for after in forced_after(layout, torch.arange(N)).tolist()]
     with timer.section("verify"):
         logits, _ = prefill(model, rows, rows_mask)
+    forwards = N
     for i in range(N):
         with timer.section("other"):
-            probs = logits_to_probs(mix_cfg(logits, params, i), params)
+            guided = mix_cfg(logits, params, i)
+            probs = logits_to_probs(guided if layout is None else image_logits(layout, guided), params)
             tokens[:, i] = next_tokens(probs, params, None if u is None else u[:, i])
         if i == N - 1:
             break
         with timer.section("verify"):
-            logits, _ = step(model, duplicate_for_cfg(tokens[:, i], params), input_pos)
+            fed = tokens[:, i] if layout is None else tokens[:, i] + layout.code_offset
+            logits, _ = step(model, duplicate_for_cfg(fed, params), input_pos)
             input_pos += 1
+            for forced in follows[i]:
+                logits, _ = step(model, torch.full((logits.shape[0],), forced, device=device), input_pos)
+                input_pos += 1
+                forwards += 1
     model.clear_cache()
     peak = peak_memory(device)
     per_image = lambda s: timer.seconds.get(s, 0.0) / B  # noqa: E731 - a batch shares its wall time
     stats = [
         ImageStats(
             n_tokens=N,
-            target_forwards=N,
+            target_forwards=forwards,
             time_verify_s=per_image("verify"),
             time_other_s=per_image("other"),
             peak_mem_bytes=peak,

@@ -15,14 +15,24 @@ from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
 from lantern.engine.decoding.trees import DynamicTree, StaticTree
+from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.engine.rules.acceptance import AcceptRule
+from lantern.errors import UserError
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
-               B: int, compile: bool = False):
+               B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
-    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py)."""
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py). layout (forced
+    structural tokens, docs/chameleon-layout.md): eager chain rounds only so far."""
+    if layout is not None:
+        if not isinstance(drafting, Chain) or compile or drafter is None:
+            raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, so "
+                            "far; trees, Jacobi windows and compiled rounds are designed in docs/chameleon-layout.md")
+        rounds = ChainRounds(target, drafter, drafting, params, rule, table, B)
+        rounds.use_layout(layout)
+        return rounds
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)

@@ -31,6 +31,7 @@ from lantern.engine.decoding import compiled
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.models.drafter import Drafter
 from lantern.engine.decoding.generate import cfg_rows
+from lantern.engine.models.layout import Layout, image_logits
 from lantern.engine.models.model import GPT, causal_mask
 from lantern.engine.decoding.sampling import SamplingParams, Uniforms, next_tokens, row_probs
 from lantern.engine.decoding.stats import ImageStats, StepTimer
@@ -134,11 +135,12 @@ def target_forward(target: GPT, rows: Tensor | None, tokens: Tensor, pos: Tensor
 
 
 def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepTimer, cond_mask: Tensor | None,
-                 target_extra: int, static: bool):
+                 target_extra: int, static: bool, layout: Layout | None = None):
     """The target's cache set up for the CFG rows of `cond` (cfg_rows; `target_extra` spare slots, then the scratch
     slot; static: the cache kept between calls for compiled steps, compiled.setup_static_cache), the target run over
     the condition positions (the padded caption rows' states follow target.pad_semantics), and each image's
-    first-token distribution. Returns (the first-token distributions
+    first-token distribution (over the image head with a layout: its first code's). Returns (the first-token
+    distributions
     [B, V], condition embeddings, their hidden states, the rows' mask)."""
     device = target.output.weight.device
     B, T = cond.shape[0], target.args.cls_token_num
@@ -154,18 +156,26 @@ def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepT
         cond_emb = target.embed_cond(rows)
         logits, hidden = target.prefill_cond(cond_emb, rows_mask)
     with timer.section("other"):
-        p0 = batch_probs(logits[:, -1:], params, torch.zeros(B, 1, dtype=torch.long, device=device))[:, 0]
+        last = logits[:, -1:] if layout is None else image_logits(layout, logits[:, -1:])
+        p0 = batch_probs(last, params, torch.zeros(B, 1, dtype=torch.long, device=device))[:, 0]
     return p0, cond_emb, hidden, rows_mask
 
 
 class DrafterRounds:
-    """What the rounds of chains and trees share: the prefill of both models, the catch-up, the end."""
+    """What the rounds of chains and trees share: the prefill of both models, the catch-up, the end. `layout`
+    (set by kinds.rounds_for; chains only so far): the target's sequence carries forced tokens (forced.py)."""
+
+    layout: Layout | None = None
 
     def __init__(self, target: GPT, drafter: Drafter, drafting, params: SamplingParams, rule: AcceptRule,
                  table: Tensor | None, B: int):
         self.target, self.drafter, self.drafting, self.params, self.rule, self.table = (target, drafter, drafting,
                                                                                         params, rule, table)
         self.B, self.N, self.device = B, target.args.image_tokens, target.output.weight.device
+
+    def use_layout(self, layout: Layout) -> None:
+        """Decode a layout's codes (N = layout.codes), its forced tokens spliced in (forced.py)."""
+        self.layout, self.N = layout, layout.codes
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
@@ -174,7 +184,7 @@ class DrafterRounds:
         device)."""
         target, drafter, B, T = self.target, self.drafter, self.B, self.target.args.cls_token_num
         p0, cond_emb, hidden, rows_mask = prefill_rows(target, cond, self.params, timer, cond_mask,
-                                                       self.drafting.target_extra, static)
+                                                       self.drafting.target_extra, static, self.layout)
         images, R = [], cond_emb.shape[0] // B
         with timer.section("other"):
             extra = self.drafting.drafter_extra + SCRATCH
@@ -183,7 +193,7 @@ class DrafterRounds:
             else:
                 drafter.setup_cache(cond_emb.shape[0], extra=extra, cond_mask=rows_mask)
             self.first = first_tokens(p0, self.params, generators)
-            first_emb = drafter.embed_tokens(self.first)
+            first_emb = drafter.embed_tokens(self.first if self.layout is None else self.first + self.layout.code_offset)
             for b, g in enumerate(generators):
                 mine = slice(b, None, B)  # rows b (and B + b)
                 pend_emb = torch.cat([drafter.cond_inputs(cond_emb[mine]), first_emb[b].expand(R, 1, -1)], 1)

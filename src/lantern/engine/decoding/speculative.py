@@ -30,6 +30,7 @@ from torch import Tensor
 
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.decoding.kinds import rounds_for
+from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.stats import ImageStats, StepTimer, reset_peak_memory
@@ -64,10 +65,12 @@ def decode(
     table: Tensor | None = None,
     cond_mask: Tensor | None = None,
     compile: bool = False,
+    layout: Layout | None = None,
 ) -> tuple[Tensor, list[ImageStats]]:
     """Speculative decoding of a batch (cond [B] or [B, T, C], one generator per image; drafter None for Jacobi):
-    image tokens [B, N] and one ImageStats per image, as generate.generate."""
-    B, N = cond.shape[0], target.args.image_tokens
+    image tokens [B, N] and one ImageStats per image, as generate.generate. layout: a family whose sequence carries
+    forced structural tokens; the tokens are then its codes [B, layout.codes] (docs/chameleon-layout.md)."""
+    B, N = cond.shape[0], target.args.image_tokens if layout is None else layout.codes
     if len(generators) != B:
         raise ValueError(f"need one generator per image: {len(generators)} for a batch of {B}")
     if rule.table_width and (table is None or table.shape[1] < rule.table_width):
@@ -79,7 +82,7 @@ def decode(
     reset_peak_memory(device)
     with timer.section("other"):
         drafting = drafting.to(device) if hasattr(drafting, "to") else drafting
-    rounds = rounds_for(drafting, target, drafter, params, rule, table, B, compile)
+    rounds = rounds_for(drafting, target, drafter, params, rule, table, B, compile, layout)
     with torch.profiler.record_function(PREFILL):  # a mark for benchmarks/host_ops.py, which counts the rounds
         images = rounds.prefill(cond, generators, timer, cond_mask, compile)
     width = drafting.nodes + 1 if compile else None

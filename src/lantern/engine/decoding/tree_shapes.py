@@ -15,11 +15,20 @@ NAIVE_EXTEND_57 = {
     (0, 0, 0): 4, (0, 0, 1): 3, (0, 0, 2): 2, (0, 0, 3): 1, (0, 1, 0): 2, (0, 1, 1): 1, (0, 2, 0): 1,
     (0, 0, 0, 0): 3, (0, 0, 0, 1): 2, (0, 0, 1, 0): 2, (0, 0, 1, 1): 1, (0, 0, 2, 0): 1,
 }
+# The authors' Lumina-mGPT static tree (EAGLE-1's mc_sim_7b_63, 25 nodes, 4 / 8 / 8 / 3 / 2 per depth; their
+# eagle_version 1 default for Lumina-mGPT-7B-768), written the same way
+MC_SIM_7B_63 = {
+    (): 4,
+    (0,): 3, (1,): 2, (2,): 2, (3,): 1,
+    (0, 0): 3, (0, 1): 2, (0, 2): 2, (1, 0): 1,
+    (0, 0, 0): 3,
+    (0, 0, 0, 0): 2,
+}
 # A CPU-sized shape: the two top-ranked first drafts, each continued by the drafter's top choice to depth 8. On a
 # CPU verifying a node costs real compute (59 nodes cost about 4 vanilla steps for the toy target), while under
 # relaxed acceptance nearly every top-ranked draft passes, so depth pays and width does not.
 TWIN_CHAIN_8 = [(r,) + (0,) * j for r in (0, 1) for j in range(8)]
-SHAPES = ("naive_extend_57", "twin_chain_8", "chain")
+SHAPES = ("naive_extend_57", "mc_sim_7b_63", "twin_chain_8", "chain")
 
 
 def validate_tree_paths(paths) -> list[tuple[int, ...]]:

@@ -25,7 +25,9 @@ Static shapes are rank paths: (0, 2) is the third-ranked child of the root's top
 child ranks must be 0 .. c - 1 (successive draws) and below STATIC_TOP_K. `naive_extend_57` (the default) is the
 authors' LANTERN++ tree, node for node (naive_extend_57 in jadohu/LANTERN models/drafters/choices.py): 57 nodes,
 depth 5, 5 / 13 / 16 / 14 / 9 nodes per depth, ranks within the parent's top 5, widest near the root and along
-the top-ranked path. `twin_chain_8` (16 nodes, depth 8) suits CPUs (see below); `chain` is a depth-gamma chain.
+the top-ranked path. `mc_sim_7b_63` (EAGLE-1's tree, the authors' Lumina-mGPT default): 25 nodes, depth 5,
+4 / 8 / 8 / 3 / 2 per depth, ranks within the parent's top 4. `twin_chain_8` (16 nodes, depth 8) suits CPUs
+(see below); `chain` is a depth-gamma chain.
 Dynamic trees (EAGLE-2, the authors' parameter names): the root's top_k children, then `depth` expansions, each
 running the drafter on the top_k frontier nodes by cumulative drafter log-probability and offering each one's
 top_k children; the best total_tokens - 1 of all offered nodes form the tree (drafts reach depth + 1).
@@ -43,8 +45,8 @@ from torch import Tensor
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams, draw
-from lantern.engine.decoding.tree_shapes import (NAIVE_EXTEND_57, SHAPES, STATIC_TOP_K, TWIN_CHAIN_8,  # noqa: F401
-                                       validate_tree_paths)
+from lantern.engine.decoding.tree_shapes import (MC_SIM_7B_63, NAIVE_EXTEND_57, SHAPES, STATIC_TOP_K,  # noqa: F401
+                                                 TWIN_CHAIN_8, validate_tree_paths)
 from lantern.errors import UserError
 
 def _paths_of(children: dict) -> list[tuple[int, ...]]:
@@ -354,6 +356,8 @@ def static_tree(name_or_paths, gamma: int = 4) -> StaticTree:
         return StaticTree(name_or_paths)
     if name_or_paths == "naive_extend_57":
         return StaticTree(_paths_of(NAIVE_EXTEND_57), "naive_extend_57")
+    if name_or_paths == "mc_sim_7b_63":
+        return StaticTree(_paths_of(MC_SIM_7B_63), "mc_sim_7b_63")
     if name_or_paths == "twin_chain_8":
         return StaticTree(TWIN_CHAIN_8, "twin_chain_8")
     if name_or_paths == "chain":

@@ -22,6 +22,9 @@ Residual after rejecting x:
   sampled drafts (their static tree): nearest[x, :k + 1] leave q' (the drafter distribution without the earlier
   siblings), not p, and the residual is norm(max(p - q', 0)), so those neighbours keep all their target mass.
   A residual left with no mass becomes uniform. Siblings get no shared budget; delta is absolute per draft.
+- `lumina` (the authors' Lumina-mGPT code, jadohu/LANTERN models/ea_model_lumina_mgpt.py evaluate_posterior): as
+  `reference`, except that on sampled drafts (their static tree) nearest[x, :k + 1] leave p, not q': the residual
+  is norm(max(p - q', 0)) with those codes zeroed. Deterministic drafts: the same as `reference`.
 
 Rules with a verification of their own (LANTERN-TV in retarget.py, Cool-SD and GSD in peers.py) come as an
 AcceptRule whose `impl` implements greedy_accept / accept_probability / residual / verify_candidates; the four
@@ -39,7 +42,8 @@ from torch import Tensor
 from lantern.errors import UserError
 
 KINDS = ("exact", "lantern", "lanternpp")
-RESIDUALS = ("bounded", "reference")
+RESIDUALS = ("bounded", "reference", "lumina")
+AUTHORS_RESIDUALS = ("reference", "lumina")  # zero the k + 1 nearest codes once anything was borrowed (m* >= 1)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ class AcceptRule:
             return self.impl.table_width
         if not self.relaxed:
             return 0
-        return self.k + 1 if self.residual == "reference" else self.k
+        return self.k + 1 if self.residual in AUTHORS_RESIDUALS else self.k
 
     def describe(self) -> str:
         if self.impl is not None:
@@ -166,7 +170,7 @@ def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, 
     """The distribution to sample from after rejecting draft x (1-D p, q; m = m* of that draft)."""
     if rule.impl is not None:
         return rule.impl.residual(p, q, x, m, table)
-    if rule.residual == "reference":
+    if rule.residual in AUTHORS_RESIDUALS:
         return reference_residual(p, q, x, m, table, rule)
     r = p.clone() if q is None else (p - q).clamp(min=0.0)
     r[x] = 0.0
@@ -177,29 +181,37 @@ def residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, 
 
 
 def residual_rows(p: Tensor, q: Tensor | None, x: Tensor, m: Tensor, table: Tensor | None, rule: AcceptRule) -> Tensor:
-    """`residual` (and `reference_residual`) for many rows at once, on the device and without a host sync: p, q
+    """`residual` (and `reference_residual`, both authors' modes) for many rows at once, on the device and without a host sync: p, q
     [n, V] (q None: deterministic drafts), the rejected drafts x [n] and their m* [n] (for a rule with its own
     verification: the third entry of its accept_probability, handed to its residual_rows)."""
     if rule.impl is not None:
         return rule.impl.residual_rows(p, q, x, m, table)
     r = p.clone() if q is None else (p - q).clamp(min=0.0)
-    if rule.residual == "reference":
+    if rule.residual in AUTHORS_RESIDUALS:
         fallback = torch.full_like(p, 1.0 / p.shape[-1])
         width, keep = rule.k + 1, lambda cols: (m > 0)[:, None].expand_as(cols)  # noqa: E731
     else:
         fallback = p / p.sum(-1, keepdim=True)
         width, keep = rule.k, lambda cols: cols < m[:, None]  # noqa: E731
     if rule.relaxed and width:
+        _wide_enough(table, width, rule)
         nb = table[x, :width].long()
         hit = keep(torch.arange(width, device=p.device).expand_as(nb))
         if rule.residual == "reference" and q is not None:  # the neighbours leave q, not p
             q = q.scatter(-1, nb, torch.where(hit, 0.0, q.gather(-1, nb)))
             r = (p - q).clamp(min=0.0)
-        else:
+        else:  # they leave p (bounded, lumina): max(p - q, 0) with them zeroed is max(p' - q, 0), p' p without them
             r = r.scatter(-1, nb, torch.where(hit, 0.0, r.gather(-1, nb)))
     r = r.scatter(-1, x[:, None], 0.0)
     total = r.sum(-1, keepdim=True)
     return torch.where(total > 0, r / total, fallback)
+
+
+def _wide_enough(table: Tensor, width: int, rule: AcceptRule) -> None:
+    """A residual reads `width` columns (k + 1 for the authors' modes): a narrower table would be sliced short
+    silently. A shape check, no host sync."""
+    if table.shape[-1] < width:
+        raise ValueError(f"{rule.describe()} needs a neighbour table with >= {width} columns for its residual")
 
 
 def reference_residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tensor | None, rule: AcceptRule) -> Tensor:
@@ -212,12 +224,18 @@ def reference_residual(p: Tensor, q: Tensor | None, x: int, m: int, table: Tenso
     gtp = max(gtp - q', 0), ones if nothing is left, renormalise. Their table excludes x itself
     (generate_codebook.py fills the diagonal with inf), so nearest[x, :k + 1] are k + 1 codes other than x: our
     table's first k + 1 columns. "Relaxed" is their `indices != -1`, i.e. m* >= 1.
+    rule.residual `lumina` (models/ea_model_lumina_mgpt.py evaluate_posterior, static tree): nearest[x, :k + 1]
+    leave p (gtp) instead of q', then gtp = max(gtp - q', 0), ones if nothing is left, renormalise.
     """
     relaxed = m > 0
-    if q is None:
+    if relaxed:
+        _wide_enough(table, rule.k + 1, rule)
+    if q is None or rule.residual == "lumina":
         r = p.clone()
         if relaxed:
             r[table[x, : rule.k + 1].long()] = 0.0
+        if q is not None:
+            r = (r - q).clamp(min=0.0)
     else:
         q = q.clone()
         if relaxed:
