@@ -150,6 +150,14 @@ GROUP = Param("group", "GSD: ranks of the target's probability order in a draft'
               "1 is exact)", kind="int", default=14, low=1, tag="G", relaxation=True)
 GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors' 0.15; 0 is exact)", default=0.15,
             low=0.0, high=1.0, tag="gap", relaxation=True)
+SKIP = Param("skip", "VVS verification skipping on chain rounds: none, or every (every skip_every-th round commits "
+             "its drafts unverified; the next verify re-runs them)", kind="choice", default="none",
+             choices=("none", "every"), grid=False, named="custom")
+SKIP_EVERY = Param("skip_every", "VVS: the period of skipped rounds (the authors' run_vvs.sh: 5)", kind="int", default=5,
+                   low=2, tag="i", symbol="i", applies=lambda spec: spec.get("skip") == "every")
+BETA = Param("beta", "entropy-aware acceptance: min(1, w p(x)/q(x)) with w = exp(beta H(p) / log V), H the target's "
+             "entropy (0 is exact)", low=0.0, tag="b", symbol="β", relaxation=True,
+             hint="beta 0 is exact decoding: use name: exact")
 
 
 def _check_tree(value, where: str):
@@ -187,7 +195,7 @@ def _own(module: str, name: str):
 def _chain(spec: dict):
     from lantern.engine.decoding.chain import Chain
 
-    return Chain(spec["gamma"])
+    return Chain(spec["gamma"], spec["skip_every"] if spec.get("skip") == "every" else 0)
 
 
 def _static(spec: dict):
@@ -233,7 +241,9 @@ for _entry in (
            "the draft index i in a round", (SCALE, NU, MU), make_rule=_own("peers", "coolsd_rule")),
     Family("gsd", "GSD", "grouped acceptance p(C(x))/q(C(x)) over rank-near latent neighbours of x",
            (GROUP, K, GAP), make_rule=_own("peers", "gsd_rule")),
-    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain),
+    Family("entropy", "Entropy-aware", "entropy-aware acceptance min(1, w p(x)/q(x)), w = exp(beta H(p) / log V) "
+           "from the target's entropy H(p) (arXiv 2510.09012)", (BETA,), make_rule=_own("peers", "entropy_rule")),
+    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA, SKIP, SKIP_EVERY), _chain),
     Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
@@ -274,6 +284,8 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
         spec["drafting"] = drafting
         if "tree" in entry and drafting == "static":
             spec["tree"] = TREE.check(entry["tree"], f"{where}.tree", context)
+        if "skip" in entry and drafting == "chain":  # decides whether skip_every applies
+            spec["skip"] = SKIP.check(entry["skip"], f"{where}.skip", context)
     params = _params(spec)
     known = {"name", "seed"} | ({"drafting"} if fam.speculative else set()) | {p.name for p in params}
     for key in entry:
@@ -322,6 +334,8 @@ def applicable(entry: dict) -> dict:
             return entry
         if spec["drafting"] == "static" and "tree" in entry:
             spec["tree"] = entry["tree"]
+        if spec["drafting"] == "chain" and "skip" in entry:
+            spec["skip"] = entry["skip"]
     keep = {"name", "seed", "drafting"} | {p.name for p in _params(spec)}
     return {k: v for k, v in entry.items() if k in keep}
 

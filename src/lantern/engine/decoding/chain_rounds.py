@@ -28,20 +28,22 @@ from lantern.engine.models.drafter import Drafter
 
 def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                  rows: Tensor | None, last: Tensor, Q: Tensor, done: Tensor, gs: Tensor, u: Tensor | None,
-                 params: SamplingParams, G: int) -> tuple[Tensor, Tensor]:
+                 params: SamplingParams, G: int, states: bool = False) -> tuple[Tensor, ...]:
     """G chain drafts for n images, the drafting of a chain round in one function, eager or compiled with static
     shapes (gpt-fast style, as verify_step): the drafter's catch-up over each image's pending inputs (emb, hidden,
     pos, slots [R * n, S, ...], visible [R * n, S, L] in forward layout over the cache rows `rows`, None: all),
     whose predicted state at each image's last input (`last` [n]) gives q_1 and x_1; then drafter step i feeds x_i
     at target position Q + i (Q [n]: each image's newest token) for the images that want a draft i + 2 (gs [n]:
     drafts wanted; the others' queries are padding). q_i are CFG-mixed and filtered at image-token index done + i;
-    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V])."""
+    x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V]), and with
+    `states` the drafter's predicted hidden states they were drawn from, [R, n, G, d] (column i: position Q + i)."""
     n, L, device = last.shape[0], drafter.cache_len, emb.device
     R = emb.shape[0] // n
     out = drafter.forward_rows(emb, hidden, pos, slots, visible, rows)
     pred = out.view(R, n, out.shape[1], -1)[:, torch.arange(n, device=device), last]  # [R, n, d]
-    xs, qs = [], []
+    xs, qs, preds = [], [], []
     for i in range(G):
+        preds.append(pred)
         q = batch_probs(drafter.head(pred.reshape(R * n, 1, -1)), params, (done + i)[:, None])[:, 0]
         xs.append(next_tokens(q, params, None if u is None else u[:, i]))
         qs.append(q)
@@ -54,6 +56,8 @@ def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slo
         pred = drafter.forward_rows(in_rows(drafter.embed_tokens(xs[-1]), R)[:, None], pred.reshape(R * n, 1, -1),
                                     in_rows(step_pos, R), in_rows(step_slots, R), in_rows(step_visible, R),
                                     rows).view(R, n, -1)
+    if states:
+        return torch.stack(xs, 1), torch.stack(qs, 1), torch.stack(preds, 2)
     return torch.stack(xs, 1), torch.stack(qs, 1)
 
 
@@ -63,6 +67,8 @@ class ChainRounds(DrafterRounds):
     next token; each generator then advances by what it used) in another; drafts, acceptance and next tokens are
     drawn on the device (chain.accept_chains) into a token buffer (self.buf), and one read per round, the accepted
     lengths, tells the host where every image stands."""
+
+    drafter_states = False  # whether `draft` keeps the drafter's predicted states (self.states; skipping.py's)
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
@@ -102,8 +108,10 @@ class ChainRounds(DrafterRounds):
         hidden = pack([im.pend_h[:, : n] for im, n in zip(plan, lengths)], S)
         pos, slots, visible = ragged(starts, pending, S, R, self.drafter.cache_len)
         step = compiled.compiled_step(chain_drafts, device) if self.static else chain_drafts
-        X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
-                    (pending - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g))
+        out = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
+                   (pending - 1).clamp(min=0), T + done - 1, done, gs, u, params, gamma if self.static else max(self.g),
+                   **({"states": True} if self.drafter_states else {}))
+        (X, q), self.states = out[:2], out[2] if self.drafter_states else None
         if self.static:
             X, q = X[self.index], q[self.index]
         for im, g in zip(images, self.g):

@@ -79,6 +79,8 @@ def decode(
     reset_peak_memory(device)
     with timer.section("other"):
         drafting = drafting.to(device) if hasattr(drafting, "to") else drafting
+    # VVS (a chain's skip_every) changes a round's verify width and which images verify: the eager rounds carry it
+    compile = compile and not getattr(drafting, "skip_every", 0)
     rounds = rounds_for(drafting, target, drafter, params, rule, table, B, compile)
     with torch.profiler.record_function(PREFILL):  # a mark for benchmarks/host_ops.py, which counts the rounds
         images = rounds.prefill(cond, generators, timer, cond_mask, compile)

@@ -1,0 +1,120 @@
+"""VVS verification skipping on chain rounds (Dong et al., "VVS: Accelerating Speculative Decoding for Visual
+Autoregressive Model via Partial Verification Skipping", arXiv 2511.13587; the authors' code github.com/HyattDD/VVS,
+models/skip_utils_llamagen.py, a fork of the LANTERN authors'): SkippingChainRounds, chain_rounds.ChainRounds with
+a round schedule (chain.Chain.skip_every = i >= 2: the authors' `uniform` policy).
+
+Every i-th round of an image (its rounds i, 2i, ..., counted from 1) skips the target: the image takes no part in
+the round's verify forward, and its whole chain x_1..x_g is committed unverified, x_g becoming its newest token y
+(the authors' skip_evaluate on a chain: the one path, cut to the mean path length, which on a chain is the whole
+path). The round emits g tokens and no bonus token: accepted_per_step records g - 1, the last committed draft
+standing where the bonus token stands in a verified round (the authors' count: accept_length, not + 1), and
+stats.skipped_rounds counts it. tau = tokens / target forwards counts those tokens as the paper counts them.
+- The drafter's next catch-up reads, for the unverified positions, the drafter's own predicted hidden states (those
+  its drafting steps fed itself: chain_rounds.chain_drafts' states); the authors reuse the last verified target
+  features instead (`reuse_prev`).
+- The next round's verify re-runs the unverified positions first, [x_1..x_{g-1}, y, new drafts] with the old y
+  before them, in one target forward, so the target's cache gets its entries for them (their logits are not used:
+  VVS never revisits a committed token; tests/test_skipping.py holds the cache equal to a fresh prefill's); their
+  true hidden states then replace the predicted ones in the drafter's cache (its catch-up re-runs them too).
+- Two rounds in a row never skip (i >= 2), so at most gamma positions wait for a verify.
+What VVS guarantees: nothing. A skipped round emits the drafter's tokens, so the output moves toward the drafter's
+distribution; tests/test_skipping.py measures the joint distance on a tiny vocabulary (docs/decoders.md).
+The authors' `dynamic` policy (skip when the draft tree's paths agree, by a codebook-embedding similarity) needs a
+tree and is not built here; neither are tree rounds or compiled rounds with skipping: speculative.decode runs a
+skipping chain eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.decoding.chain_rounds import ChainRounds
+from lantern.engine.decoding.rounds import Image, batch_probs, forward_rows_of, in_rows, target_forward, to_device
+
+
+class SkippingChainRounds(ChainRounds):
+    """Chain rounds where every skip_every-th round of an image commits its drafts without a verify."""
+
+    drafter_states = True
+
+    def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
+        images = super().prefill(cond, generators, timer, cond_mask, static)
+        self.rounds_done = [0] * self.B  # per image index
+        self.unverified = [0] * self.B  # committed tokens whose target cache entries are still missing
+        return images
+
+    def draft(self, images: list[Image]) -> None:
+        every = self.drafting.skip_every
+        self.skip = [(self.rounds_done[im.index] + 1) % every == 0 for im in images]
+        super().draft(images)
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor | None, Tensor | None]:
+        """One target forward over the verifying images' [unverified tokens, y, drafts], the unverified ones (s_b
+        of them) right-aligned before y at column smax = max s_b, padding in front: (logits, hidden) [R * n_v,
+        smax + 1 + G, ...], or (None, None) when every active image skips."""
+        self.verifying = [i for i, skip in enumerate(self.skip) if not skip]
+        if not self.verifying:
+            return None, None
+        R, T, L = images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.target.cache_len
+        waiting = [self.unverified[images[i].index] for i in self.verifying]
+        self.smax = smax = max(waiting)
+        self.vsel, s = to_device(self.device, self.verifying, waiting)
+        index, done, gs = self.index[self.vsel], self.done[self.vsel], self.gs[self.vsel]
+        j = torch.arange(smax + 1 + self.X.shape[1], device=self.device)
+        before = self.buf[index[:, None], (done[:, None] - 1 - smax + j[: smax + 1]).clamp(min=0)]
+        seq = torch.cat([before, self.X[self.vsel]], 1)
+        at = (T + done - 1 - smax)[:, None] + j  # column smax holds y at its position T + done - 1
+        real = (j >= smax - s[:, None]) & (j <= smax + gs[:, None])
+        pos, slots = torch.where(real, at, 0), torch.where(real, at, L - 1)
+        visible = (torch.arange(L, device=self.device) <= at[..., None]) & real[..., None]
+        for i in self.verifying:
+            images[i].stats.target_forwards += 1
+        return target_forward(self.target, forward_rows_of(index, self.B, R), in_rows(seq, R), in_rows(pos, R),
+                              in_rows(slots, R), in_rows(visible, R), None)
+
+    def commit(self, images: list[Image], logits: Tensor | None, hidden: Tensor | None) -> None:
+        """The verifying images' acceptance on the device (chain.accept_chains over y and the drafts' columns), every
+        image's drafts into the token buffer, then the round's one read and each image's next catch-up inputs."""
+        R, T, N, G = images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N, self.X.shape[1]
+        cols = torch.arange(G, device=self.device)
+        self.buf[self.index[:, None], self.done[:, None] + cols] = self.X  # a verifying image's next token follows
+        accepted = []
+        if self.verifying:
+            done, index, smax = self.done[self.vsel], self.index[self.vsel], self.smax
+            P = batch_probs(logits[:, smax:], self.params, done[:, None] + torch.arange(G + 1, device=self.device))
+            u = None if self.uniforms is None else self.uniforms.u[self.vsel]
+            a, token = accept_chains(P, self.q[self.vsel], self.X[self.vsel], self.gs[self.vsel], u, self.params,
+                                     self.table, self.rule)
+            self.buf[index, done + a] = token
+            accepted = a.tolist()  # the round's one read
+        n_v, used, k = len(self.verifying), [], 0
+        for i, (im, g) in enumerate(zip(images, self.g)):
+            self.rounds_done[im.index] += 1
+            im.stats.tree_depth.append(g)
+            if self.skip[i]:  # x_1..x_g committed, x_g the new y; their inputs wait for the next verify
+                im.stats.accepted_per_step.append(g - 1)
+                im.stats.skipped_rounds += 1
+                used.append(g)
+                im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n : im.n + g]).expand(R, -1, -1)
+                im.pend_h = self.states[:, i, :g]
+                im.start = T + im.n - 1
+                self.unverified[im.index] = g
+                im.n = min(im.n + g, N)
+                continue
+            a_i, s = accepted[k], self.unverified[im.index]
+            im.stats.accepted_per_step.append(a_i)
+            done = im.n + a_i == N  # the drafts completed the image: no bonus token past its end
+            used.append(g + min(a_i + 1, g) + (not done))
+            self.unverified[im.index] = 0
+            if done:
+                im.n = N
+            else:  # the unverified positions' true hidden states replace the drafter's predicted ones
+                im.pend_emb = self.drafter.embed_tokens(self.buf[im.index, im.n - s : im.n + a_i + 1]).expand(R, -1, -1)
+                im.pend_h = hidden[k::n_v, self.smax - s : self.smax + a_i + 1]
+                im.start = T + im.n - 1 - s
+                im.n += a_i + 1
+            k += 1
+        if self.uniforms is not None:
+            self.uniforms.used(used)

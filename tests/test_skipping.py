@@ -1,0 +1,150 @@
+"""VVS verification skipping (engine/decoding/skipping.py) on tiny targets: a schedule that never fires is the chain
+token for token, every i-th round skips and no other, the target's cache after a skipped round and the next verify
+is a fresh prefill's, batches give each image its own tokens, and the joint distribution's distance from the
+target, measured on a tiny vocabulary (not exact: the distance is stated in docs/decoders.md)."""
+
+import pytest
+import torch
+
+from lantern.engine import methods
+from lantern.engine.decoding.chain import Chain
+from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.skipping import SkippingChainRounds
+from lantern.engine.decoding.speculative import decode
+from lantern.engine.decoding.stats import StepTimer
+from lantern.engine.models.drafter import Drafter, DrafterOptions
+from lantern.engine.rules.acceptance import AcceptRule
+from lantern.errors import UserError
+from tiny import (assert_same_decodes, chi_square_pvalue, decode_one, exact_joint, gens, one_by_one,  # noqa: F401
+                  one_thread, ragged_t2i, tiny_target)
+
+
+def poor_pair(**kw):
+    """A float64 tiny target and a drafter with random weights: drafts often wrong, so both paths run."""
+    target = tiny_target(**kw).double()
+    drafter = Drafter.from_target(target).eval().double()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
+    return target, drafter
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_schedule_that_never_fires_is_the_chain_token_for_token(one_thread, greedy):
+    target, drafter = poor_pair()
+    params, cond = SamplingParams(cfg_scale=2.0, greedy=greedy), torch.arange(3)
+    table = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 16)]) for i in range(16)])
+    for rule in (AcceptRule(), AcceptRule("lantern", delta=0.2, k=3)):
+        want, want_stats = decode(target, drafter, cond, params, rule, Chain(4), gens(3), table)
+        got, stats = decode(target, drafter, cond, params, rule, Chain(4, 1000), gens(3), table)
+        assert torch.equal(got, want)
+        for s, w in zip(stats, want_stats):
+            assert (s.accepted_per_step, s.target_forwards, s.skipped_rounds) == (w.accepted_per_step,
+                                                                                  w.target_forwards, 0)
+
+
+def run_rounds(target, drafter, cond, params, chain, generators, seen=None):
+    """speculative.decode's loop over SkippingChainRounds, recording each round's skip flags per image and, after a
+    verify that re-ran unverified positions, what it ran and the logits it got."""
+    rounds = SkippingChainRounds(target, drafter, chain, params, AcceptRule(), None, len(generators))
+    images = rounds.prefill(cond, generators, StepTimer("cpu"), None, False)
+    flags = {im.index: [] for im in images}
+    while active := [im for im in images if im.n < target.args.image_tokens]:
+        rounds.draft(active)
+        for im, skip in zip(active, rounds.skip):
+            flags[im.index].append(skip)
+        logits, hidden = rounds.verify(active, None)
+        if seen is not None and logits is not None and rounds.smax > 0:
+            n_v = len(rounds.verifying)
+            for k, i in enumerate(rounds.verifying):
+                seen.append((active[i].index, rounds.smax, rounds.unverified[active[i].index], int(rounds.done[i]),
+                             rounds.buf[active[i].index].clone(), rounds.X[i].clone(), logits[k::n_v].clone()))
+        rounds.commit(active, logits, hidden)
+    return rounds.finish(images, StepTimer("cpu")), flags
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_every_i_skips_exactly_every_ith_round(one_thread, every):
+    target, drafter = poor_pair()
+    (tokens, stats), flags = run_rounds(target, drafter, torch.arange(3), SamplingParams(cfg_scale=2.0),
+                                        Chain(3, every), gens(3))
+    for b, s in enumerate(stats):
+        rounds = len(s.accepted_per_step)
+        assert flags[b] == [(r + 1) % every == 0 for r in range(rounds)]
+        assert s.skipped_rounds == rounds // every > 0
+        assert s.target_forwards == 1 + rounds - rounds // every  # the prefill, then the verified rounds
+        assert s.tau == 16 / s.target_forwards
+        # a skipped round records g - 1: its last committed draft stands where a verified round's bonus token does
+        assert sum(a + 1 for a in s.accepted_per_step) == 15
+
+
+def test_the_cache_after_a_skip_and_a_verify_is_a_fresh_prefills(one_thread):
+    """The verify after a skipped round re-runs the unverified positions: its logits at them, at y and at the new
+    drafts equal those of one uncached forward over the image's tokens (float64)."""
+    target, drafter = poor_pair()
+    params, seen = SamplingParams(cfg_scale=2.0), []
+    run_rounds(target, drafter, torch.arange(2), params, Chain(3, 2), gens(2), seen)
+    for b, smax, s, done, buf, X, logits in seen:  # logits: this image's [cond, uncond] rows
+        seq = torch.cat([buf[:done], X])  # tokens so far (the unverified ones included), then the new drafts
+        fresh, _ = target(torch.tensor([b, target.args.num_classes]), seq[None].expand(2, -1))
+        width = min(logits.shape[1], smax + 1 + target.args.image_tokens - done)  # padding past a short chain
+        for col in range(smax - s, width):  # the input there: token done - 1 - smax + col
+            torch.testing.assert_close(logits[:, col], fresh[:, done - smax + col], rtol=0, atol=1e-10)
+    assert sum(s > 0 for _, _, s, *_ in seen) >= 4
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_batch_gives_each_image_its_own_tokens_under_skipping(one_thread, greedy):
+    target, drafter, cond, mask = ragged_t2i(DrafterOptions())
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy)
+    got, stats = decode(target, drafter, cond, params, AcceptRule(), Chain(3, 2), gens(4), None, mask)
+    want, want_stats = one_by_one(target, drafter, cond, params, AcceptRule(), Chain(3, 2), gens(4), None, mask)
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+    assert [s.skipped_rounds for s in stats] == [s.skipped_rounds for s in want_stats]
+
+
+def joint_counts(target, drafter, params, chain, seqs, n):
+    index = {tuple(s): i for i, s in enumerate(seqs.tolist())}
+    counts = torch.zeros(len(seqs), dtype=torch.float64)
+    for i in range(n):
+        tokens, _ = decode_one(target, drafter, torch.tensor([1]), params, AcceptRule(), chain, image_generator(5, i))
+        counts[index[tuple(tokens.tolist())]] += 1
+    return counts
+
+
+def test_skipping_moves_the_joint_distribution_away_from_the_target(one_thread):
+    """V = 3, N = 4 (81 sequences), a poor drafter: exact SD's sample passes the chi-square against the exact joint
+    and its TV is the sampling noise; VVS every 2nd round fails it, and its joint TV lies well above that noise.
+    Measured (n = 1000 each): exact 0.090 (the noise), VVS every 2 0.413 (docs/decoders.md)."""
+    V, N, n = 3, 4, 1000
+    target, drafter = poor_pair(scale=4.0, vocab_size=V, image_tokens=N, num_classes=2)
+    params = SamplingParams(cfg_scale=2.0)
+    seqs, joint = exact_joint(target, 1, params, V, N)
+    exact = joint_counts(target, drafter, params, Chain(2), seqs, n)
+    vvs = joint_counts(target, drafter, params, Chain(2, 2), seqs, n)
+    tv_exact = 0.5 * (exact / n - joint).abs().sum().item()
+    tv_vvs = 0.5 * (vvs / n - joint).abs().sum().item()
+    print(f"joint TV from the target, n = {n}: exact chain {tv_exact:.3f}, VVS every 2 {tv_vvs:.3f}")
+    assert chi_square_pvalue(joint, exact, n) > 1e-3
+    assert chi_square_pvalue(joint, vvs, n) < 1e-6
+    assert tv_vvs > 2 * tv_exact
+
+
+def test_registry_names_and_validates_the_schedule():
+    spec = methods.normalize({"name": "lantern", "drafting": "chain", "delta": 0.2, "k": 10, "skip": "every",
+                              "skip_every": 5})
+    assert methods.point_name(spec) == "lantern-chain-g4-every-i5-d0.2-k10"
+    assert methods.drafting(spec) == Chain(4, 5)
+    plain = methods.normalize({"name": "lantern", "drafting": "chain", "delta": 0.2, "k": 10})
+    assert methods.point_name(plain) == "lantern-chain-g4-d0.2-k10" and methods.drafting(plain) == Chain(4, 0)
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ({"name": "exact", "skip": "always"}, "skip = 'always' is not allowed; use one of none, every"),
+    ({"name": "exact", "skip": "every", "skip_every": 1}, "skip_every = 1 must be >= 2"),
+    ({"name": "exact", "skip_every": 3}, "skip_every does not apply"),
+    ({"name": "exact", "drafting": "static", "skip": "every"}, "skip does not apply"),
+    ({"name": "exact", "drafting": "jacobi", "skip": "every"}, "skip does not apply"),
+])
+def test_bad_schedules_one_line(entry, needle):
+    with pytest.raises(UserError) as e:
+        methods.normalize(entry, "sweep.methods[0]")
+    assert needle in str(e.value) and "\n" not in str(e.value)
