@@ -1,5 +1,5 @@
-"""VVS verification skipping (engine/decoding/skipping.py) on tiny targets: a schedule that never fires is the chain
-token for token, every i-th round skips and no other, the target's cache after a skipped round and the next verify
+"""VVS verification skipping (engine/decoding/skipping.py) on tiny targets, chains and trees: a schedule that never
+fires is the decoder token for token, every i-th round skips and no other, the target's cache after a skipped round and the next verify
 is a fresh prefill's, batches give each image its own tokens, and the joint distribution's distance from the
 target, measured on a tiny vocabulary (not exact: the distance is stated in docs/decoders.md)."""
 
@@ -9,6 +9,7 @@ import torch
 from lantern.engine import methods
 from lantern.engine.decoding.chain import Chain
 from lantern.engine.decoding.sampling import SamplingParams, image_generator
+from lantern.engine.decoding.kinds import rounds_for
 from lantern.engine.decoding.skipping import SkippingChainRounds
 from lantern.engine.decoding.speculative import decode
 from lantern.engine.decoding.stats import StepTimer
@@ -27,24 +28,36 @@ def poor_pair(**kw):
     return target, drafter
 
 
+KINDS = {"chain": {"drafting": "chain", "gamma": 3}, "static": {"drafting": "static", "tree": "twin_chain_8"},
+         "dynamic": {"drafting": "dynamic", "total_tokens": 8, "depth": 2, "top_k": 3}}
+
+
+def shape(kind: str, every: int = 0):
+    """The drafting kind's shape from the registry, with a VVS schedule when `every`."""
+    skip = {"skip": "every", "skip_every": every} if every else {}
+    return methods.drafting(methods.normalize({"name": "exact", **KINDS[kind], **skip}))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("greedy", [False, True])
-def test_a_schedule_that_never_fires_is_the_chain_token_for_token(one_thread, greedy):
+def test_a_schedule_that_never_fires_is_the_decoder_token_for_token(one_thread, kind, greedy):
     target, drafter = poor_pair()
     params, cond = SamplingParams(cfg_scale=2.0, greedy=greedy), torch.arange(3)
     table = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 16)]) for i in range(16)])
     for rule in (AcceptRule(), AcceptRule("lantern", delta=0.2, k=3)):
-        want, want_stats = decode(target, drafter, cond, params, rule, Chain(4), gens(3), table)
-        got, stats = decode(target, drafter, cond, params, rule, Chain(4, 1000), gens(3), table)
+        want, want_stats = decode(target, drafter, cond, params, rule, shape(kind), gens(3), table)
+        got, stats = decode(target, drafter, cond, params, rule, shape(kind, 1000), gens(3), table)
         assert torch.equal(got, want)
         for s, w in zip(stats, want_stats):
             assert (s.accepted_per_step, s.target_forwards, s.skipped_rounds) == (w.accepted_per_step,
                                                                                   w.target_forwards, 0)
 
 
-def run_rounds(target, drafter, cond, params, chain, generators, seen=None):
-    """speculative.decode's loop over SkippingChainRounds, recording each round's skip flags per image and, after a
-    verify that re-ran unverified positions, what it ran and the logits it got."""
-    rounds = SkippingChainRounds(target, drafter, chain, params, AcceptRule(), None, len(generators))
+def run_rounds(target, drafter, cond, params, drafting, generators, seen=None):
+    """speculative.decode's loop over the VVS rounds (kinds.rounds_for), recording each round's skip flags per
+    image and, after a verify that re-ran unverified positions, for each image in it: (its index, smax, its
+    unverified count, its tokens so far, the drafted nodes, their parents (-1: y), its [cond, uncond] logits)."""
+    rounds = rounds_for(drafting, target, drafter, params, AcceptRule(), None, len(generators))
     images = rounds.prefill(cond, generators, StepTimer("cpu"), None, False)
     flags = {im.index: [] for im in images}
     while active := [im for im in images if im.n < target.args.image_tokens]:
@@ -55,17 +68,24 @@ def run_rounds(target, drafter, cond, params, chain, generators, seen=None):
         if seen is not None and logits is not None and rounds.smax > 0:
             n_v = len(rounds.verifying)
             for k, i in enumerate(rounds.verifying):
-                seen.append((active[i].index, rounds.smax, rounds.unverified[active[i].index], int(rounds.done[i]),
-                             rounds.buf[active[i].index].clone(), rounds.X[i].clone(), logits[k::n_v].clone()))
+                im = active[i]
+                if isinstance(rounds, SkippingChainRounds):
+                    done = int(rounds.done[i])
+                    tokens, nodes = rounds.buf[im.index, :done].tolist(), rounds.X[i, : rounds.g[i]].tolist()
+                    parents = list(range(-1, len(nodes) - 1))
+                else:
+                    tokens, nodes, parents = list(im.tokens), im.draft.tokens.tolist(), im.draft.parent.tolist()
+                seen.append((im.index, rounds.smax, rounds.unverified[im.index], tokens, nodes, parents,
+                             logits[k::n_v].clone()))
         rounds.commit(active, logits, hidden)
     return rounds.finish(images, StepTimer("cpu")), flags
 
 
-@pytest.mark.parametrize("every", [2, 3])
-def test_every_i_skips_exactly_every_ith_round(one_thread, every):
+@pytest.mark.parametrize("kind, every", [("chain", 2), ("chain", 3), ("static", 2), ("dynamic", 3)])
+def test_every_i_skips_exactly_every_ith_round(one_thread, kind, every):
     target, drafter = poor_pair()
     (tokens, stats), flags = run_rounds(target, drafter, torch.arange(3), SamplingParams(cfg_scale=2.0),
-                                        Chain(3, every), gens(3))
+                                        shape(kind, every), gens(3))
     for b, s in enumerate(stats):
         rounds = len(s.accepted_per_step)
         assert flags[b] == [(r + 1) % every == 0 for r in range(rounds)]
@@ -76,27 +96,37 @@ def test_every_i_skips_exactly_every_ith_round(one_thread, every):
         assert sum(a + 1 for a in s.accepted_per_step) == 15
 
 
-def test_the_cache_after_a_skip_and_a_verify_is_a_fresh_prefills(one_thread):
-    """The verify after a skipped round re-runs the unverified positions: its logits at them, at y and at the new
-    drafts equal those of one uncached forward over the image's tokens (float64)."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cache_after_a_skip_and_a_verify_is_a_fresh_prefills(one_thread, kind):
+    """The verify after a skipped round re-runs the unverified positions: its logits at them, at y and at every
+    drafted node equal those of one uncached forward over the image's tokens and the node's path (float64)."""
     target, drafter = poor_pair()
     params, seen = SamplingParams(cfg_scale=2.0), []
-    run_rounds(target, drafter, torch.arange(2), params, Chain(3, 2), gens(2), seen)
-    for b, smax, s, done, buf, X, logits in seen:  # logits: this image's [cond, uncond] rows
-        seq = torch.cat([buf[:done], X])  # tokens so far (the unverified ones included), then the new drafts
-        fresh, _ = target(torch.tensor([b, target.args.num_classes]), seq[None].expand(2, -1))
-        width = min(logits.shape[1], smax + 1 + target.args.image_tokens - done)  # padding past a short chain
-        for col in range(smax - s, width):  # the input there: token done - 1 - smax + col
-            torch.testing.assert_close(logits[:, col], fresh[:, done - smax + col], rtol=0, atol=1e-10)
-    assert sum(s > 0 for _, _, s, *_ in seen) >= 4
+    run_rounds(target, drafter, torch.arange(2), params, shape(kind, 2), gens(2), seen)
+    label = lambda b: torch.tensor([b, target.args.num_classes])  # noqa: E731 - the cond and uncond rows
+
+    for b, smax, s, tokens, nodes, parents, logits in seen:  # logits: this image's [cond, uncond] rows
+        n = len(tokens)
+        fresh, _ = target(label(b), torch.tensor(tokens)[None].expand(2, -1))
+        for col in range(smax - s, smax + 1):  # the unverified inputs, then y: token n - 1 - smax + col
+            torch.testing.assert_close(logits[:, col], fresh[:, n - smax + col], rtol=0, atol=1e-10)
+        for i in range(len(nodes)):
+            path = [i]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            seq = torch.tensor(tokens + [nodes[j] for j in reversed(path)])
+            fresh, _ = target(label(b), seq[None].expand(2, -1))
+            torch.testing.assert_close(logits[:, smax + 1 + i], fresh[:, -1], rtol=0, atol=1e-10)
+    assert sum(s > 0 for _, _, s, *_ in seen) >= 2
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("greedy", [False, True])
-def test_a_batch_gives_each_image_its_own_tokens_under_skipping(one_thread, greedy):
+def test_a_batch_gives_each_image_its_own_tokens_under_skipping(one_thread, kind, greedy):
     target, drafter, cond, mask = ragged_t2i(DrafterOptions())
     params = SamplingParams(cfg_scale=2.0, greedy=greedy)
-    got, stats = decode(target, drafter, cond, params, AcceptRule(), Chain(3, 2), gens(4), None, mask)
-    want, want_stats = one_by_one(target, drafter, cond, params, AcceptRule(), Chain(3, 2), gens(4), None, mask)
+    got, stats = decode(target, drafter, cond, params, AcceptRule(), shape(kind, 2), gens(4), None, mask)
+    want, want_stats = one_by_one(target, drafter, cond, params, AcceptRule(), shape(kind, 2), gens(4), None, mask)
     assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
     assert [s.skipped_rounds for s in stats] == [s.skipped_rounds for s in want_stats]
 
@@ -141,7 +171,6 @@ def test_registry_names_and_validates_the_schedule():
     ({"name": "exact", "skip": "always"}, "skip = 'always' is not allowed; use one of none, every"),
     ({"name": "exact", "skip": "every", "skip_every": 1}, "skip_every = 1 must be >= 2"),
     ({"name": "exact", "skip_every": 3}, "skip_every does not apply"),
-    ({"name": "exact", "drafting": "static", "skip": "every"}, "skip does not apply"),
     ({"name": "exact", "drafting": "jacobi", "skip": "every"}, "skip does not apply"),
 ])
 def test_bad_schedules_one_line(entry, needle):

@@ -150,8 +150,8 @@ GROUP = Param("group", "GSD: ranks of the target's probability order in a draft'
               "1 is exact)", kind="int", default=14, low=1, tag="G", relaxation=True)
 GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors' 0.15; 0 is exact)", default=0.15,
             low=0.0, high=1.0, tag="gap", relaxation=True)
-SKIP = Param("skip", "VVS verification skipping on chain rounds: none, or every (every skip_every-th round commits "
-             "its drafts unverified; the next verify re-runs them)", kind="choice", default="none",
+SKIP = Param("skip", "VVS verification skipping: none, or every (every skip_every-th round commits a drafted path "
+             "unverified; the next verify re-runs it)", kind="choice", default="none",
              choices=("none", "every"), grid=False, named="custom")
 SKIP_EVERY = Param("skip_every", "VVS: the period of skipped rounds (the authors' run_vvs.sh: 5)", kind="int", default=5,
                    low=2, tag="i", symbol="i", applies=lambda spec: spec.get("skip") == "every")
@@ -198,10 +198,17 @@ def _chain(spec: dict):
     return Chain(spec["gamma"], spec["skip_every"] if spec.get("skip") == "every" else 0)
 
 
+def _skipping(tree, spec: dict):
+    """A tree shape with the spec's VVS schedule (engine/decoding/skipping.py)."""
+    if spec.get("skip") == "every":
+        object.__setattr__(tree, "skip_every", spec["skip_every"])  # DynamicTree is a frozen dataclass
+    return tree
+
+
 def _static(spec: dict):
     from lantern.engine.decoding.trees import static_tree
 
-    return static_tree(spec["tree"], spec.get("gamma", GAMMA.default))
+    return _skipping(static_tree(spec["tree"], spec.get("gamma", GAMMA.default)), spec)
 
 
 def _jacobi(spec: dict):
@@ -213,9 +220,10 @@ def _jacobi(spec: dict):
 def _dynamic(spec: dict):
     from lantern.engine.decoding.trees import DynamicTree
 
-    return DynamicTree(spec["total_tokens"], spec["depth"], spec["top_k"])
+    return _skipping(DynamicTree(spec["total_tokens"], spec["depth"], spec["top_k"]), spec)
 
 
+SKIPPING = ("chain", "static", "dynamic")  # the drafting kinds with a VVS schedule (skip, skip_every)
 FAMILIES: dict[str, Family] = {}
 DRAFTINGS: dict[str, Drafting] = {}
 
@@ -244,8 +252,10 @@ for _entry in (
     Family("entropy", "Entropy-aware", "entropy-aware acceptance min(1, w p(x)/q(x)), w = exp(beta H(p) / log V) "
            "from the target's entropy H(p) (arXiv 2510.09012)", (BETA,), make_rule=_own("peers", "entropy_rule")),
     Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA, SKIP, SKIP_EVERY), _chain),
-    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
-    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
+    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA, SKIP, SKIP_EVERY),
+             _static),
+    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY),
+             _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
              "no drafter", (WINDOW,), _jacobi, drafter=False),
 ):
@@ -284,7 +294,7 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
         spec["drafting"] = drafting
         if "tree" in entry and drafting == "static":
             spec["tree"] = TREE.check(entry["tree"], f"{where}.tree", context)
-        if "skip" in entry and drafting == "chain":  # decides whether skip_every applies
+        if "skip" in entry and drafting in SKIPPING:  # decides whether skip_every applies
             spec["skip"] = SKIP.check(entry["skip"], f"{where}.skip", context)
     params = _params(spec)
     known = {"name", "seed"} | ({"drafting"} if fam.speculative else set()) | {p.name for p in params}
@@ -334,7 +344,7 @@ def applicable(entry: dict) -> dict:
             return entry
         if spec["drafting"] == "static" and "tree" in entry:
             spec["tree"] = entry["tree"]
-        if spec["drafting"] == "chain" and "skip" in entry:
+        if spec["drafting"] in SKIPPING and "skip" in entry:
             spec["skip"] = entry["skip"]
     keep = {"name", "seed", "drafting"} | {p.name for p in _params(spec)}
     return {k: v for k, v in entry.items() if k in keep}

@@ -12,7 +12,7 @@ from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
 from lantern.engine.decoding.sampling import SamplingParams
-from lantern.engine.decoding.skipping import SkippingChainRounds
+from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
 from lantern.engine.decoding.trees import DynamicTree, StaticTree
@@ -23,15 +23,16 @@ from lantern.engine.rules.acceptance import AcceptRule
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
-    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py); a chain that skips
-    verifies (VVS, skipping.py) runs eagerly."""
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py); drafts that skip
+    verifies (VVS, skipping.py) run eagerly."""
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
-    if getattr(drafting, "skip_every", 0):  # VVS: eager chain rounds (speculative.decode compiles none of them)
-        return SkippingChainRounds(target, drafter, drafting, params, rule, table, B)
+    if getattr(drafting, "skip_every", 0):  # VVS: eager rounds (speculative.decode compiles none of them)
+        kind = SkippingChainRounds if isinstance(drafting, Chain) else SkippingTreeRounds
+        return kind(target, drafter, drafting, params, rule, table, B)
     if compile and graph_capturable(rule):
         if isinstance(drafting, Chain):
             return GraphChainRounds(target, drafter, drafting, params, rule, table, B)

@@ -27,17 +27,21 @@ skipping chain eagerly.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.decoding.chain import accept_chains
 from lantern.engine.decoding.chain_rounds import ChainRounds
-from lantern.engine.decoding.rounds import Image, batch_probs, forward_rows_of, in_rows, target_forward, to_device
+from lantern.engine.decoding.rounds import (Image, batch_probs, cache_rows, forward_rows_of, in_rows, pack,
+                                             target_forward, to_device)
+from lantern.engine.decoding.sampling import Uniforms
+from lantern.engine.decoding.tree_rounds import TreeRounds, per_row
+from lantern.engine.decoding.trees import _visible
 
 
-class SkippingChainRounds(ChainRounds):
-    """Chain rounds where every skip_every-th round of an image commits its drafts without a verify."""
-
-    drafter_states = True
+class Schedule:
+    """The round schedule both kinds share: which active images skip this round (self.skip, set before drafting),
+    rounds taken and unverified tokens per image index."""
 
     def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
         images = super().prefill(cond, generators, timer, cond_mask, static)
@@ -49,6 +53,12 @@ class SkippingChainRounds(ChainRounds):
         every = self.drafting.skip_every
         self.skip = [(self.rounds_done[im.index] + 1) % every == 0 for im in images]
         super().draft(images)
+
+
+class SkippingChainRounds(Schedule, ChainRounds):
+    """Chain rounds where every skip_every-th round of an image commits its drafts without a verify."""
+
+    drafter_states = True
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor | None, Tensor | None]:
         """One target forward over the verifying images' [unverified tokens, y, drafts], the unverified ones (s_b
@@ -118,3 +128,91 @@ class SkippingChainRounds(ChainRounds):
             k += 1
         if self.uniforms is not None:
             self.uniforms.used(used)
+
+
+class SkippingTreeRounds(Schedule, TreeRounds):
+    """Static or dynamic tree rounds where every skip_every-th round of an image commits one drafted path without a
+    verify: a leaf drawn uniformly with one uniform from the image's generator (greedy decoding too: the authors'
+    random.randint over candidate paths), its path cut to the trees' mean path length (the authors' skip_evaluate:
+    min(the leaf's depth, floor(mean over leaves of 1 + depth) - 1)). The drafter's inputs at the unverified
+    positions reuse the image's latest target hidden states (the authors' `reuse_prev`: the last ones, the last
+    repeated when too few). A skipped round reads its tree on the host (one read per skipping image)."""
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor | None, Tensor | None]:
+        """One target forward over the verifying images' [unverified tokens, y, nodes], the unverified ones right-
+        aligned before y at column smax (padding in front, as the chain's)."""
+        self.verifying = [i for i, skip in enumerate(self.skip) if not skip]
+        if not self.verifying:
+            return None, None
+        sub = [images[i] for i in self.verifying]
+        waiting = [self.unverified[im.index] for im in sub]
+        self.smax = smax = max(waiting)
+        if smax == 0:
+            return super().verify(sub, None)
+        device, R, L = self.device, images[0].pend_emb.shape[0], self.target.cache_len
+        seqs, pos, slots, visible = [], [], [], []
+        for im, s in zip(sub, waiting):
+            d, pad = im.draft, smax - s
+            before = torch.arange(im.Q - s, im.Q, device=device)  # the unverified inputs' positions (and slots)
+            seqs.append(torch.cat([torch.tensor([0] * pad + im.tokens[len(im.tokens) - 1 - s:], device=device),
+                                   d.tokens]))
+            pos.append(torch.cat([before.new_zeros(pad), before, im.Q + F.pad(d.depth, (1, 0))]))
+            slots.append(torch.cat([before.new_full((pad,), L - 1), before,
+                                    im.Q + torch.arange(1 + len(d.tokens), device=device)]))
+            causal = torch.arange(L, device=device) <= before[:, None]
+            visible.append(torch.cat([causal.new_zeros(pad, L), causal, _visible(1 + len(d.tokens), L, im.Q, d.block)]))
+        S = max(len(t) for t in seqs)
+        tokens = pack([t.expand(R, -1)[..., None] for t in seqs], S)[..., 0]
+        pos, slots, visible = per_row(pos, slots, visible, R, L)
+        for im in sub:
+            im.stats.target_forwards += 1
+        return target_forward(self.target, cache_rows(sub, self.B, R, device), tokens, pos, slots, visible, None)
+
+    def commit(self, images: list[Image], logits: Tensor | None, hidden: Tensor | None) -> None:
+        sub = [images[i] for i in self.verifying] if logits is not None else []
+        waiting = {im.index: self.unverified[im.index] for im in sub}
+        before = {im.index: (len(im.tokens), im.Q) for im in sub}
+        if sub:  # the trees' own acceptance over the columns from y on
+            smax = self.smax
+            super().commit(sub, logits[:, smax:], hidden[:, smax:])
+            R, n_v = images[0].pend_emb.shape[0], len(sub)
+            full = hidden.view(R, n_v, hidden.shape[1], -1)
+            for k, im in enumerate(sub):  # the unverified positions' true states refresh the drafter's cache
+                s, (n, Q) = waiting[im.index], before[im.index]
+                self.unverified[im.index] = 0
+                if s and im.n < self.N:
+                    emb = self.drafter.embed_tokens(torch.tensor(im.tokens[n - s : n], device=self.device))
+                    im.pend_emb = torch.cat([emb.expand(R, -1, -1), im.pend_emb], 1)
+                    im.pend_h = torch.cat([full[:, k, smax - s : smax], im.pend_h], 1)
+                    im.start = Q - s
+        skipping = [im for im, skip in zip(images, self.skip) if skip]
+        if skipping:
+            ahead = Uniforms([im.generator for im in skipping], 1, self.device)
+            for im, u in zip(skipping, ahead.u[:, 0].tolist()):
+                self.skip_path(im, u)
+            ahead.used([1] * len(skipping))
+        for im in images:
+            self.rounds_done[im.index] += 1
+
+    def skip_path(self, im: Image, u: float) -> None:
+        """Commit a leaf's path (chosen by u), cut to the mean path length, unverified; the last token the new y."""
+        d, R = im.draft, im.pend_emb.shape[0]
+        parent, depth, tokens = d.parent.tolist(), d.depth.tolist(), d.tokens.tolist()
+        leaves = sorted(set(range(len(tokens))) - set(parent))
+        leaf = leaves[min(int(u * len(leaves)), len(leaves) - 1)]
+        a = min(depth[leaf], sum(1 + depth[x] for x in leaves) // len(leaves) - 1)
+        path = [leaf]
+        while parent[path[-1]] >= 0:
+            path.append(parent[path[-1]])
+        path = path[::-1][:a]
+        im.stats.accepted_per_step.append(a - 1)  # the last committed node stands where a bonus token does
+        im.stats.tree_depth.append(max(depth))
+        im.stats.skipped_rounds += 1
+        im.tokens += [tokens[x] for x in path]
+        cols = im.pend_h.shape[1]  # the authors' reuse_prev: the latest target states, the last repeated
+        im.pend_h = im.pend_h[:, max(cols - a, 0):]
+        im.pend_h = torch.cat([im.pend_h, im.pend_h[:, -1:].expand(-1, a - im.pend_h.shape[1], -1)], 1)
+        im.pend_emb = self.drafter.embed_tokens(d.tokens[path]).expand(R, -1, -1)
+        im.start, im.Q = im.Q, im.Q + a
+        self.unverified[im.index] = a
+        im.n = len(im.tokens)

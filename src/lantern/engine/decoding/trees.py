@@ -97,6 +97,8 @@ class TreeShape:
     names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
     write)."""
 
+    skip_every = 0  # VVS: every skip_every-th round commits a drafted path unverified (skipping.py); 0: never
+
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
@@ -177,6 +179,7 @@ class StaticTree(TreeShape):
             return self
         if device not in self._on:
             self._on[device] = StaticTree(self.paths, self.name, device)
+            self._on[device].skip_every = self.skip_every
         return self._on[device]
 
     @property
