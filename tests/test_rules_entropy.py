@@ -144,3 +144,23 @@ def test_bad_values_one_line(entry, needle):
     with pytest.raises(UserError) as e:
         methods.normalize(entry, "sweep.methods[0]")
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("drafting, step", [(Chain(3), "chain_round"), (static_tree("twin_chain_8"), "tree_round"),
+                                            (DynamicTree(8, 2, 3), "tree_round"), (Jacobi(4), "jacobi_round")],
+                         ids=["chain", "static", "dynamic", "jacobi"])
+def test_compiled_rounds_run_the_rule_and_give_the_eager_tokens(one_thread, monkeypatch, drafting, step):
+    """compile=True runs the whole round as one graph function (its graph_form); here those functions run
+    uncompiled (inductor is test_compile_verify.py's), so the padding, the kept state and the rule's graph form are
+    checked exactly against the eager rounds."""
+    from lantern.engine.decoding import compiled
+
+    asked = []
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
+    target = tiny_target().double()
+    drafter = None if isinstance(drafting, Jacobi) else Drafter.from_target(target).eval().double()
+    params, cond = SamplingParams(cfg_scale=2.0), torch.arange(3)
+    want, want_stats = decode(target, drafter, cond, params, ent(1.0), drafting, gens(3))
+    got, stats = decode(target, drafter, cond, params, ent(1.0), drafting, gens(3), compile=True)
+    assert step in asked and torch.equal(got, want)
+    assert [s.accepted_per_step for s in stats] == [s.accepted_per_step for s in want_stats]

@@ -177,3 +177,15 @@ def test_bad_schedules_one_line(entry, needle):
     with pytest.raises(UserError) as e:
         methods.normalize(entry, "sweep.methods[0]")
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_compile_true_runs_the_eager_skipping_rounds(one_thread, monkeypatch):
+    from lantern.engine.decoding import compiled
+
+    asked = []
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
+    target, drafter = poor_pair()
+    params, cond = SamplingParams(cfg_scale=2.0), torch.arange(3)
+    want, _ = decode(target, drafter, cond, params, AcceptRule(), shape("chain", 2), gens(3))
+    got, stats = decode(target, drafter, cond, params, AcceptRule(), shape("chain", 2), gens(3), compile=True)
+    assert torch.equal(got, want) and asked == [] and all(s.skipped_rounds for s in stats)

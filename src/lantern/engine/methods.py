@@ -52,6 +52,7 @@ class Param:
     limit: str = ""  # a config bound: max_k -> value <= neighbours.max_k
     applies: Callable[[dict], bool] | None = None  # only for some specs (gamma of a static `chain` tree)
     hint: str = ""  # what to write instead, for a low_open / bound violation
+    fill: bool = True  # False: the default is left out of specs (a later option whose absence keeps old specs)
 
     def check(self, value, where: str, context: dict):
         """The value, validated: a one-line UserError naming `where` otherwise."""
@@ -152,7 +153,7 @@ GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors'
             low=0.0, high=1.0, tag="gap", relaxation=True)
 SKIP = Param("skip", "VVS verification skipping: none, or every (every skip_every-th round commits a drafted path "
              "unverified; the next verify re-runs it)", kind="choice", default="none",
-             choices=("none", "every"), grid=False, named="custom")
+             choices=("none", "every"), grid=False, named="custom", fill=False)
 SKIP_EVERY = Param("skip_every", "VVS: the period of skipped rounds (the authors' run_vvs.sh: 5)", kind="int", default=5,
                    low=2, tag="i", symbol="i", applies=lambda spec: spec.get("skip") == "every")
 BETA = Param("beta", "entropy-aware acceptance: min(1, w p(x)/q(x)) with w = exp(beta H(p) / log V), H the target's "
@@ -308,7 +309,8 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
             if p.default is REQUIRED:
                 example = {"delta": "0.1", "lam": "2", "k": "10"}.get(p.name, "...")
                 raise UserError(f"{where} ({fam.name}) needs {p.name}; add e.g. {p.name}: [{example}]")
-            spec[p.name] = p.default
+            if p.fill:
+                spec[p.name] = p.default
             continue
         value = entry[p.name]
         if isinstance(value, list) and p.grid:
@@ -319,6 +321,9 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
             spec[p.name] = [p.check(v, f"{where}.{p.name}", context) for v in value]
         else:
             spec[p.name] = p.check(value, f"{where}.{p.name}", context)
+    for p in params:
+        if not p.fill and spec.get(p.name) == p.default:
+            del spec[p.name]
     if "seed" in entry:
         spec["seed"] = entry["seed"]
     return spec
