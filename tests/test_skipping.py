@@ -3,6 +3,7 @@ fires is the decoder token for token, every i-th round skips and no other, the t
 is a fresh prefill's, batches give each image its own tokens, and the joint distribution's distance from the
 target, measured on a tiny vocabulary (not exact: the distance is stated in docs/decoders.md)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from lantern.engine.decoding.stats import StepTimer
 from lantern.engine.models.drafter import Drafter, DrafterOptions
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
+from lantern.pipeline.tables import accepted_mask
 from tiny import (assert_same_decodes, chi_square_pvalue, decode_one, exact_joint, gens, one_by_one,  # noqa: F401
                   one_thread, ragged_t2i, tiny_target)
 
@@ -92,8 +94,10 @@ def test_every_i_skips_exactly_every_ith_round(one_thread, kind, every):
         assert s.skipped_rounds == rounds // every > 0
         assert s.target_forwards == 1 + rounds - rounds // every  # the prefill, then the verified rounds
         assert s.tau == 16 / s.target_forwards
-        # a skipped round records g - 1: its last committed draft stands where a verified round's bonus token does
+        # a skipped round records g - 1: its last committed draft stands where a verified round's bonus token does,
+        # so the tables' per-position reading of the stats row holds (it raises on a row that emits another count)
         assert sum(a + 1 for a in s.accepted_per_step) == 15
+        accepted_mask(np.array(s.accepted_per_step), 16)
 
 
 @pytest.mark.parametrize("kind", KINDS)
