@@ -172,7 +172,10 @@ def test_registry_names_and_validates_the_schedule():
 
 
 @pytest.mark.parametrize("entry, needle", [
-    ({"name": "exact", "skip": "always"}, "skip = 'always' is not allowed; use one of none, every"),
+    ({"name": "exact", "skip": "always"}, "skip = 'always' is not allowed; use one of none, every, similarity"),
+    ({"name": "exact", "skip": "similarity"}, "skip = 'similarity' needs a draft tree"),
+    ({"name": "exact", "drafting": "static", "skip": "similarity", "similarity": 1.5}, "similarity = 1.5 exceeds 1"),
+    ({"name": "exact", "drafting": "static", "skip": "every", "similarity": 0.5}, "similarity does not apply"),
     ({"name": "exact", "skip": "every", "skip_every": 1}, "skip_every = 1 must be >= 2"),
     ({"name": "exact", "skip_every": 3}, "skip_every does not apply"),
     ({"name": "exact", "drafting": "jacobi", "skip": "every"}, "skip does not apply"),
@@ -193,3 +196,65 @@ def test_compile_true_runs_the_eager_skipping_rounds(one_thread, monkeypatch):
     want, _ = decode(target, drafter, cond, params, AcceptRule(), shape("chain", 2), gens(3))
     got, stats = decode(target, drafter, cond, params, AcceptRule(), shape("chain", 2), gens(3), compile=True)
     assert torch.equal(got, want) and asked == [] and all(s.skipped_rounds for s in stats)
+
+
+def test_path_similarity_by_hand():
+    """Leaves in node order, every second kept; per-depth cosine of the codes' embeddings, weights 0.9^l over the
+    longest path, 0 where a path is shorter; the mean over pairs."""
+    from lantern.engine.decoding.skipping import path_similarity
+
+    codebook = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
+    # nodes 0, 1 children of y; 2, 3 of node 0; 4 of node 1; 5 of node 4. Leaves 2, 3, 5 -> kept 2, 5
+    parent = [-1, -1, 0, 0, 1, 4]
+    tokens = torch.tensor([0, 1, 2, 3, 3, 2])
+    # path of 2: nodes 0, 2 = codes 0, 2; path of 5: nodes 1, 4, 5 = codes 1, 3, 2
+    cos = [0.0, (1 * 2 + 1 * 0) / (2 ** 0.5 * 2), 0.0]  # depth 1: e0.e1; depth 2: e2.e3; depth 3: path 2 ended
+    w = [0.9 ** l for l in range(3)]
+    want = sum(a * b for a, b in zip(w, cos)) / sum(w)
+    assert path_similarity(parent, tokens, codebook) == pytest.approx(want)
+    assert path_similarity([-1, 0], torch.tensor([0, 1]), codebook) == float("-inf")  # one leaf: never skip
+
+
+def test_similarity_skips_only_after_warm_up_and_never_twice_in_a_row(one_thread):
+    target, drafter = poor_pair()
+    drafting = shape("dynamic")
+    object.__setattr__(drafting, "skip_similarity", -1.0)  # any agreement: skip wherever the schedule allows
+    object.__setattr__(drafting, "skip_codebook", torch.randn(16, 4, dtype=torch.float64))
+    (tokens, stats), flags = run_rounds(target, drafter, torch.arange(3), SamplingParams(cfg_scale=2.0), drafting,
+                                        gens(3))
+    for b, s in enumerate(stats):
+        f = flags[b]
+        assert s.skipped_rounds == sum(f) > 0 and not any(a and b for a, b in zip(f, f[1:]))
+        n = 1  # tokens before each round: no skip while an image has 6 or fewer
+        for skip, a in zip(f, s.accepted_per_step):
+            assert not skip or n > 6
+            n += a + 1
+    never = shape("dynamic")
+    object.__setattr__(never, "skip_similarity", 2.0)  # beyond any cosine: the plain tree token for token
+    object.__setattr__(never, "skip_codebook", torch.randn(16, 4, dtype=torch.float64))
+    params = SamplingParams(cfg_scale=2.0)
+    want, _ = decode(target, drafter, torch.arange(3), params, AcceptRule(), shape("dynamic"), gens(3))
+    got, _ = decode(target, drafter, torch.arange(3), params, AcceptRule(), never, gens(3))
+    assert torch.equal(got, want)
+
+
+def test_the_registry_names_a_similarity_schedule():
+    spec = methods.normalize({"name": "lantern", "drafting": "dynamic", "delta": 0.2, "k": 10, "skip": "similarity"})
+    assert methods.point_name(spec) == "lantern-dynamic-similarity-sim0.7-d0.2-k10"
+    assert methods.drafting(spec).skip_similarity == 0.7
+
+
+def test_lantern_sample_decoder_reads_the_codebook_for_similarity(one_thread, tmp_path):
+    from tiny import save_world
+
+    target = tiny_target()
+    save_world(tmp_path, target)
+    spec = {"name": "exact", "drafting": "dynamic", "total_tokens": 8, "depth": 2, "top_k": 3, "skip": "similarity",
+            "similarity": -1.0}
+    with pytest.raises(UserError, match="needs the VQ checkpoint"):
+        methods.build_decoder(spec, SamplingParams(cfg_scale=2.0), target, str(tmp_path / "drafter.pt"), None, None,
+                              "cpu")
+    run = methods.build_decoder(spec, SamplingParams(cfg_scale=2.0), target, str(tmp_path / "drafter.pt"), None,
+                                str(tmp_path / "vq.pt"), "cpu")
+    tokens, stats = run(torch.arange(2), gens(2))
+    assert tokens.shape == (2, 16) and all(s.skipped_rounds > 0 for s in stats)

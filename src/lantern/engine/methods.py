@@ -151,11 +151,15 @@ GROUP = Param("group", "GSD: ranks of the target's probability order in a draft'
               "1 is exact)", kind="int", default=14, low=1, tag="G", relaxation=True)
 GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors' 0.15; 0 is exact)", default=0.15,
             low=0.0, high=1.0, tag="gap", relaxation=True)
-SKIP = Param("skip", "VVS verification skipping: none, or every (every skip_every-th round commits a drafted path "
-             "unverified; the next verify re-runs it)", kind="choice", default="none",
-             choices=("none", "every"), grid=False, named="custom", fill=False)
+SKIP = Param("skip", "VVS verification skipping: none; every (every skip_every-th round commits a drafted path "
+             "unverified; the next verify re-runs it); similarity (trees: skip when the draft paths agree)",
+             kind="choice", default="none", choices=("none", "every", "similarity"), grid=False, named="custom",
+             fill=False)
 SKIP_EVERY = Param("skip_every", "VVS: the period of skipped rounds (the authors' run_vvs.sh: 5)", kind="int", default=5,
                    low=2, tag="i", symbol="i", applies=lambda spec: spec.get("skip") == "every")
+SIMILARITY = Param("similarity", "VVS: skip a round when its draft paths' mean codebook cosine similarity reaches this "
+                   "(the authors' sim_threshold 0.70)", default=0.7, low=-1.0, high=1.0, tag="sim", symbol="s",
+                   applies=lambda spec: spec.get("skip") == "similarity")
 BETA = Param("beta", "entropy-aware acceptance: min(1, w p(x)/q(x)) with w = exp(beta H(p) / log V), H the target's "
              "entropy (0 is exact)", low=0.0, tag="b", symbol="β", relaxation=True,
              hint="beta 0 is exact decoding: use name: exact")
@@ -200,9 +204,12 @@ def _chain(spec: dict):
 
 
 def _skipping(tree, spec: dict):
-    """A tree shape with the spec's VVS schedule (engine/decoding/skipping.py)."""
+    """A tree shape with the spec's VVS schedule (engine/decoding/skipping.py); DynamicTree is a frozen dataclass.
+    A `similarity` schedule also needs the VQ codebook (skipping.attach_codebook, build_decoder's)."""
     if spec.get("skip") == "every":
-        object.__setattr__(tree, "skip_every", spec["skip_every"])  # DynamicTree is a frozen dataclass
+        object.__setattr__(tree, "skip_every", spec["skip_every"])
+    if spec.get("skip") == "similarity":
+        object.__setattr__(tree, "skip_similarity", spec["similarity"])
     return tree
 
 
@@ -253,9 +260,9 @@ for _entry in (
     Family("entropy", "Entropy-aware", "entropy-aware acceptance min(1, w p(x)/q(x)), w = exp(beta H(p) / log V) "
            "from the target's entropy H(p) (arXiv 2510.09012)", (BETA,), make_rule=_own("peers", "entropy_rule")),
     Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA, SKIP, SKIP_EVERY), _chain),
-    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA, SKIP, SKIP_EVERY),
-             _static),
-    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY),
+    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)",
+             (TREE, TREE_GAMMA, SKIP, SKIP_EVERY, SIMILARITY), _static),
+    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY, SIMILARITY),
              _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
              "no drafter", (WINDOW,), _jacobi, drafter=False),
@@ -295,8 +302,11 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
         spec["drafting"] = drafting
         if "tree" in entry and drafting == "static":
             spec["tree"] = TREE.check(entry["tree"], f"{where}.tree", context)
-        if "skip" in entry and drafting in SKIPPING:  # decides whether skip_every applies
+        if "skip" in entry and drafting in SKIPPING:  # decides whether skip_every / similarity apply
             spec["skip"] = SKIP.check(entry["skip"], f"{where}.skip", context)
+            if spec["skip"] == "similarity" and drafting == "chain":
+                raise UserError(f"{where}.skip = 'similarity' needs a draft tree (a chain has one path to compare); "
+                                "use drafting: static or dynamic, or skip: every")
     params = _params(spec)
     known = {"name", "seed"} | ({"drafting"} if fam.speculative else set()) | {p.name for p in params}
     for key in entry:
@@ -552,6 +562,12 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
                             f"{target.args.vocab_size}")
         table = table.to(device)
+    if spec.get("skip") == "similarity":  # VVS compares draft paths by their codes' embeddings
+        if not vq_path:
+            raise UserError("skip: similarity needs the VQ checkpoint (--vq) for its codebook")
+        from lantern.engine.decoding.skipping import attach_codebook
+
+        attach_codebook(draft, read_codebook(vq_path), target.args.vocab_size, device)
     drafter = None
     if needs_drafter(spec):
         from lantern.engine.models.drafter import load_drafter

@@ -12,7 +12,7 @@ from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
 from lantern.engine.decoding.sampling import SamplingParams
-from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds
+from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds, skips
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
 from lantern.engine.decoding.trees import DynamicTree, StaticTree
@@ -30,7 +30,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
-    if getattr(drafting, "skip_every", 0):  # VVS: eager rounds (speculative.decode compiles none of them)
+    if skips(drafting):  # VVS: eager rounds (speculative.decode compiles none of them)
         kind = SkippingChainRounds if isinstance(drafting, Chain) else SkippingTreeRounds
         return kind(target, drafter, drafting, params, rule, table, B)
     if compile and graph_capturable(rule):

@@ -1,7 +1,8 @@
 """VVS verification skipping on chain rounds (Dong et al., "VVS: Accelerating Speculative Decoding for Visual
 Autoregressive Model via Partial Verification Skipping", arXiv 2511.13587; the authors' code github.com/HyattDD/VVS,
 models/skip_utils_llamagen.py, a fork of the LANTERN authors'): SkippingChainRounds, chain_rounds.ChainRounds with
-a round schedule (chain.Chain.skip_every = i >= 2: the authors' `uniform` policy).
+a round schedule (chain.Chain.skip_every = i >= 2: the authors' `uniform` policy), and SkippingTreeRounds, the same
+on static and dynamic trees, with also the authors' `dynamic` policy (`Schedule`, `path_similarity`).
 
 Every i-th round of an image (its rounds i, 2i, ..., counted from 1) skips the target: the image takes no part in
 the round's verify forward, and its whole chain x_1..x_g is committed unverified, x_g becoming its newest token y
@@ -19,9 +20,7 @@ stats.skipped_rounds counts it. tau = tokens / target forwards counts those toke
 - Two rounds in a row never skip (i >= 2), so at most gamma positions wait for a verify.
 What VVS guarantees: nothing. A skipped round emits the drafter's tokens, so the output moves toward the drafter's
 distribution; tests/test_skipping.py measures the joint distance on a tiny vocabulary (docs/decoders.md).
-The authors' `dynamic` policy (skip when the draft tree's paths agree, by a codebook-embedding similarity) needs a
-tree and is not built here; neither are tree rounds or compiled rounds with skipping: speculative.decode runs a
-skipping chain eagerly.
+Compiled rounds do not skip: speculative.decode runs a skipping schedule eagerly.
 """
 
 from __future__ import annotations
@@ -39,9 +38,50 @@ from lantern.engine.decoding.tree_rounds import TreeRounds, per_row
 from lantern.engine.decoding.trees import _visible
 
 
+def skips(drafting) -> bool:
+    """Whether a drafting kind's rounds follow a VVS schedule (every i-th round, or by similarity on trees)."""
+    return bool(getattr(drafting, "skip_every", 0)) or getattr(drafting, "skip_similarity", None) is not None
+
+
+def attach_codebook(drafting, codebook: Tensor, vocab: int, device) -> None:
+    """Give a tree with a `similarity` schedule the VQ codebook [V, D] its paths are compared by."""
+    from lantern.errors import UserError
+
+    if codebook.shape[0] != vocab:
+        raise UserError(f"skip: similarity: the VQ codebook has {codebook.shape[0]} codes; the target has {vocab}")
+    object.__setattr__(drafting, "skip_codebook", codebook.to(device))
+
+
+def path_similarity(parent: list[int], tokens: Tensor, codebook: Tensor, decay: float = 0.9) -> float:
+    """The authors' draft agreement (skip_utils_llamagen.compute_similarity_pytorch_jit, mode exp_decay): the leaf
+    paths in node order, every second one kept (their candidates[::2]); per depth l the cosine similarity of two
+    paths' codes' embeddings (0 where either path is shorter), weighted decay^l / sum over the longest path; the mean
+    over pairs of paths. Fewer than two paths: -inf (never skip)."""
+    leaves = sorted(set(range(len(parent))) - set(parent))[::2]
+    if len(leaves) < 2:
+        return float("-inf")
+    paths = []
+    for leaf in leaves:
+        path = [leaf]
+        while parent[path[-1]] >= 0:
+            path.append(parent[path[-1]])
+        paths.append(path[::-1])
+    L = max(map(len, paths))
+    index = torch.tensor([p + [-1] * (L - len(p)) for p in paths], device=tokens.device)
+    valid = index >= 0
+    emb = F.normalize(codebook[tokens[index.clamp(min=0)]].double(), dim=-1) * valid[..., None]  # [P, L, D]
+    sims = torch.einsum("ild,jld->lij", emb, emb)
+    w = decay ** torch.arange(L, dtype=torch.float64, device=tokens.device)
+    pair = torch.einsum("l,lij->ij", w / w.sum(), sims)
+    i, j = torch.triu_indices(len(paths), len(paths), 1)
+    return pair[i, j].mean().item()
+
+
 class Schedule:
-    """The round schedule both kinds share: which active images skip this round (self.skip, set before drafting),
-    rounds taken and unverified tokens per image index."""
+    """The round schedule both kinds share: which active images skip this round (self.skip: every skip_every-th
+    round, set before drafting; or, on trees with skip_similarity, after drafting, when the round's draft paths
+    agree: never in an image's first 6 tokens (the authors' new_token <= 5) nor right after a skipped round), rounds
+    taken and unverified tokens per image index."""
 
     def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
         images = super().prefill(cond, generators, timer, cond_mask, static)
@@ -50,9 +90,15 @@ class Schedule:
         return images
 
     def draft(self, images: list[Image]) -> None:
-        every = self.drafting.skip_every
-        self.skip = [(self.rounds_done[im.index] + 1) % every == 0 for im in images]
+        every, threshold = self.drafting.skip_every, getattr(self.drafting, "skip_similarity", None)
+        if every:
+            self.skip = [(self.rounds_done[im.index] + 1) % every == 0 for im in images]
         super().draft(images)
+        if not every:
+            codebook = self.drafting.skip_codebook
+            self.skip = [im.n > 6 and not self.unverified[im.index]
+                         and path_similarity(im.draft.parent.tolist(), im.draft.tokens, codebook) >= threshold
+                         for im in images]
 
 
 class SkippingChainRounds(Schedule, ChainRounds):
