@@ -1,11 +1,11 @@
-"""VVS verification skipping on chain rounds (Dong et al., "VVS: Accelerating Speculative Decoding for Visual
+"""VVS verification skipping (Dong et al., "VVS: Accelerating Speculative Decoding for Visual
 Autoregressive Model via Partial Verification Skipping", arXiv 2511.13587; the authors' code github.com/HyattDD/VVS,
 models/skip_utils_llamagen.py, a fork of the LANTERN authors'): SkippingChainRounds, chain_rounds.ChainRounds with
 a round schedule (chain.Chain.skip_every = i >= 2: the authors' `uniform` policy), and SkippingTreeRounds, the same
 on static and dynamic trees, with also the authors' `dynamic` policy (`Schedule`, `path_similarity`).
 
-Every i-th round of an image (its rounds i, 2i, ..., counted from 1) skips the target: the image takes no part in
-the round's verify forward, and its whole chain x_1..x_g is committed unverified, x_g becoming its newest token y
+On a chain, every i-th round of an image (its rounds i, 2i, ..., counted from 1) skips the target: the image takes
+no part in the round's verify forward, and its whole chain x_1..x_g is committed unverified, x_g becoming its newest token y
 (the authors' skip_evaluate on a chain: the one path, cut to the mean path length, which on a chain is the whole
 path). The round emits g tokens and no bonus token: accepted_per_step records g - 1, the last committed draft
 standing where the bonus token stands in a verified round (the authors' count: accept_length, not + 1), and
@@ -17,9 +17,10 @@ stats.skipped_rounds counts it. tau = tokens / target forwards counts those toke
   before them, in one target forward, so the target's cache gets its entries for them (their logits are not used:
   VVS never revisits a committed token; tests/test_skipping.py holds the cache equal to a fresh prefill's); their
   true hidden states then replace the predicted ones in the drafter's cache (its catch-up re-runs them too).
-- Two rounds in a row never skip (i >= 2), so at most gamma positions wait for a verify.
+- Two rounds in a row never skip, so at most one path's positions wait for a verify.
+Trees (SkippingTreeRounds) do the same with one drafted path; their docstring says which path and which features.
 What VVS guarantees: nothing. A skipped round emits the drafter's tokens, so the output moves toward the drafter's
-distribution; tests/test_skipping.py measures the joint distance on a tiny vocabulary (docs/decoders.md).
+distribution; tests/test_skipping.py measures the joint distance on a tiny vocabulary (docs/skipping.md).
 Compiled rounds do not skip: speculative.decode runs a skipping schedule eagerly.
 """
 
