@@ -1,7 +1,7 @@
 """Acceptance rules side by side on trained checkpoints: mean accepted length, and the per-step TV of sampled drafts.
 
     python benchmarks/bench_rules.py --target T.pt --drafter D.pt --neighbours NB.pt --vq VQ.pt
-        [--images 30] [--gamma 4] [--tv-positions 40] [--out rules.csv]
+        [--images 30] [--gamma 4] [--tv-positions 40] [--families exact lantern ...] [--out rules.csv]
 
 1. tau: every method decodes the same images (class i mod num_classes, generator from (seed, i)), sampling, chain
    drafting; tau = mean over verification rounds of (accepted drafts + 1), the bonus/correction token counted;
@@ -29,14 +29,17 @@ from lantern.engine.decoding.speculative import decode
 
 DELTAS = (0.1, 0.2, 0.4)
 COOL = ({"scale": 2.0, "nu": 0.0, "mu": 0.0}, {"scale": 4.0, "nu": 0.5, "mu": 0.0})
+BETAS = (1.0, 3.0)  # the entropy-aware rule's weight exp(beta H(p) / log V)
 
 
-def specs(gamma: int, k: int) -> list[dict]:
+def specs(gamma: int, k: int, families=None) -> list[dict]:
     out = [{"name": "exact"}]
     for d in DELTAS:
         out += [{"name": "lantern", "delta": d, "k": k}, {"name": "lanterntv", "delta": d, "k": k}]
     out += [{"name": "coolsd", **c} for c in COOL]
     out += [{"name": "gsd", "group": 14, "k": k, "gap": 0.15}]
+    out += [{"name": "entropy", "beta": b} for b in BETAS]
+    out = [s for s in out if families is None or s["name"] in families or s["name"] == "exact"]  # exact records
     return [registry.normalize({**s, "drafting": "chain", "gamma": gamma}) for s in out]
 
 
@@ -60,6 +63,7 @@ def main():
     ap.add_argument("--cfg", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tv-positions", type=int, default=40)
+    ap.add_argument("--families", nargs="+", help="only these rule families (exact always runs first)")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -79,7 +83,7 @@ def main():
         return record(P, Q, X, tbl, rule, *rest)
 
     rows = []
-    for spec in specs(a.gamma, a.k):
+    for spec in specs(a.gamma, a.k, a.families):
         rule, drafting = registry.rule(spec), registry.drafting(spec)
         chain_module.accept_probability = recording if spec["name"] == "exact" else record
         steps, tokens, forwards, t0 = [], 0, 0, time.perf_counter()
@@ -95,7 +99,7 @@ def main():
         print(rows[-1], flush=True)
 
     tv_rows = []
-    for spec in specs(a.gamma, a.k)[1:]:
+    for spec in specs(a.gamma, a.k, a.families)[1:]:
         rule = registry.rule(spec)
         tvs = [0.5 * (emitted(p, q, table, rule) - p).abs().sum().item() for p, q in pairs]
         tv_rows.append({"point": registry.point_name(spec), "delta": spec.get("delta"),

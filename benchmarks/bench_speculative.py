@@ -2,7 +2,10 @@
 windows 4/8/16, no drafter), one process.
 
     python benchmarks/bench_speculative.py --target T.pt --drafter D.pt --neighbours NB.pt [--vq VQ.pt]
-        [--images 16] [--quick] [--modes greedy sampling] [--out bench.csv]
+        [--images 16] [--quick | --vvs] [--modes greedy sampling] [--out bench.csv]
+
+--vvs: only VVS (verification skipping every 5th and every 2nd round) on LANTERN's default point of
+config/config.yaml (chain gamma 4, delta 0.1, k 3), beside that point, the exact chain and vanilla.
 
 Batch 1, one image at a time. Every method decodes the same images (class i mod num_classes, generator from
 (seed, i)); images are the outer loop and methods the inner one, so a change in machine load hits every method
@@ -35,8 +38,13 @@ STATIC_TREES = ("naive_extend_57", "twin_chain_8")
 DYNAMIC_TREES = {"59/4/10": {"total_tokens": 59, "depth": 4, "top_k": 10}}
 
 
-def methods(quick: bool, tree_k: int) -> list[dict]:
+def methods(quick: bool, tree_k: int, vvs: bool = False) -> list[dict]:
     """The grid as sweep method specs (the keys `lantern sample` takes)."""
+    if vvs:
+        default = {"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3}
+        out = [{"name": "vanilla"}, {"name": "exact", "drafting": "chain", "gamma": 4}, default]
+        out += [{**default, "skip": "every", "skip_every": i} for i in (5, 2)]
+        return [registry.normalize(m) for m in out]
     deltas, ks, lams = ((0.1, 0.2), (10, 50), (5,)) if quick else (DELTAS, KS, LAMS)
     out = [{"name": "vanilla"}]
     out += [{"name": "exact", "drafting": "chain", "gamma": g} for g in (4, 8)]
@@ -102,6 +110,7 @@ def main():
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--tree-k", type=int, default=50, help="neighbours k of the tree LANTERN / LANTERN++ rows")
     ap.add_argument("--quick", action="store_true", help="a small grid (a few minutes)")
+    ap.add_argument("--vvs", action="store_true", help="VVS on LANTERN's default point only (see above)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tiny models decode fastest on one)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", help="also write the table as CSV")
@@ -110,7 +119,7 @@ def main():
     device = parse_device(a.device)
     target = load_gpt(a.target, device=str(device))
     drafter = load_drafter(a.drafter, target)
-    grid = methods(a.quick, a.tree_k)
+    grid = methods(a.quick, a.tree_k, a.vvs)
     k_max = max(m.get("k", 0) + 1 for m in grid)
     table = read_table(a.neighbours, a.vq, target.args.vocab_size, min(k_max, target.args.vocab_size - 1)).to(device)
     classes = target.args.num_classes

@@ -40,7 +40,7 @@ def lantern_method(**kw):
     (lantern_method(delta=[float("nan")]), r"delta = nan must be a finite number"),
     (lantern_method(k=[float("inf")]), r"k = inf must be a finite number"),
     (lantern_method(gamma=4.0), r"gamma = 4\.0 must be an integer; write 4"),
-    (lantern_method(lam=[2]), r"\.lam does not apply to lantern with chain drafting \(it takes drafting, delta, k, residual, gamma\); remove it"),
+    (lantern_method(lam=[2]), r"\.lam does not apply to lantern with chain drafting \(it takes drafting, delta, k, residual, gamma, skip\); remove it"),
     ({"sweep": {"methods": [{"name": "exact", "k": 5}]}}, r"\.k does not apply to exact"),
     ({"sweep": {"methods": [{"name": "lanternpp", "lam": 2, "k": 5, "delta": 0.1}]}}, r"\.delta does not apply"),
     ({"sweep": {"methods": []}}, r"sweep\.methods is empty"),

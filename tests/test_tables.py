@@ -117,6 +117,7 @@ def test_sweep_table_columns_and_reference_values(built):
     assert len(sweep) == 2 * len(POINTS)
     for col in ("mode", "point", "name", "drafting", "gamma", "delta", "lam", "k", "residual", "tree", "seed",
                 "n_images", "tau_incl_bonus", "target_forwards_per_image", "drafter_forwards_per_image",
+                "skipped_rounds_per_image",
                 "latency_s_per_image", "latency_p50_s", "latency_p90_s", "throughput_img_per_s",
                 "speedup_vs_vanilla", "step_compression", "accepted_depth_mean", "tree_depth_mean",
                 "fid", "clip_score", "precision", "recall", "n_reference", "fid_extractor", "metrics_seed"):

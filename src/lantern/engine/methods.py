@@ -52,6 +52,7 @@ class Param:
     limit: str = ""  # a config bound: max_k -> value <= neighbours.max_k
     applies: Callable[[dict], bool] | None = None  # only for some specs (gamma of a static `chain` tree)
     hint: str = ""  # what to write instead, for a low_open / bound violation
+    fill: bool = True  # False: the default is left out of specs (a later option whose absence keeps old specs)
 
     def check(self, value, where: str, context: dict):
         """The value, validated: a one-line UserError naming `where` otherwise."""
@@ -152,6 +153,18 @@ GROUP = Param("group", "GSD: ranks of the target's probability order in a draft'
               "1 is exact)", kind="int", default=14, low=1, tag="G", relaxation=True)
 GAP = Param("gap", "GSD: largest |p(v) - p(x)| of a cluster member (the authors' 0.15; 0 is exact)", default=0.15,
             low=0.0, high=1.0, tag="gap", relaxation=True)
+SKIP = Param("skip", "VVS verification skipping: none; every (every skip_every-th round commits a drafted path "
+             "unverified; the next verify re-runs it); similarity (trees: skip when the draft paths agree)",
+             kind="choice", default="none", choices=("none", "every", "similarity"), grid=False, named="custom",
+             fill=False)
+SKIP_EVERY = Param("skip_every", "VVS: the period of skipped rounds (the authors' run_vvs.sh: 5)", kind="int", default=5,
+                   low=2, tag="i", symbol="i", applies=lambda spec: spec.get("skip") == "every")
+SIMILARITY = Param("similarity", "VVS: skip a round when its draft paths' mean codebook cosine similarity reaches this "
+                   "(the authors' sim_threshold 0.70)", default=0.7, low=-1.0, high=1.0, tag="sim", symbol="s",
+                   applies=lambda spec: spec.get("skip") == "similarity")
+BETA = Param("beta", "entropy-aware acceptance: min(1, w p(x)/q(x)) with w = exp(beta H(p) / log V), H the target's "
+             "entropy (0 is exact)", low=0.0, tag="b", symbol="β", relaxation=True,
+             hint="beta 0 is exact decoding: use name: exact")
 
 
 def _check_tree(value, where: str):
@@ -189,13 +202,23 @@ def _own(module: str, name: str):
 def _chain(spec: dict):
     from lantern.engine.decoding.chain import Chain
 
-    return Chain(spec["gamma"])
+    return Chain(spec["gamma"], spec["skip_every"] if spec.get("skip") == "every" else 0)
+
+
+def _skipping(tree, spec: dict):
+    """A tree shape with the spec's VVS schedule (engine/decoding/skipping.py); DynamicTree is a frozen dataclass.
+    A `similarity` schedule also needs the VQ codebook (skipping.attach_codebook, build_decoder's)."""
+    if spec.get("skip") == "every":
+        object.__setattr__(tree, "skip_every", spec["skip_every"])
+    if spec.get("skip") == "similarity":
+        object.__setattr__(tree, "skip_similarity", spec["similarity"])
+    return tree
 
 
 def _static(spec: dict):
     from lantern.engine.decoding.trees import static_tree
 
-    return static_tree(spec["tree"], spec.get("gamma", GAMMA.default))
+    return _skipping(static_tree(spec["tree"], spec.get("gamma", GAMMA.default)), spec)
 
 
 def _jacobi(spec: dict):
@@ -207,9 +230,10 @@ def _jacobi(spec: dict):
 def _dynamic(spec: dict):
     from lantern.engine.decoding.trees import DynamicTree
 
-    return DynamicTree(spec["total_tokens"], spec["depth"], spec["top_k"])
+    return _skipping(DynamicTree(spec["total_tokens"], spec["depth"], spec["top_k"]), spec)
 
 
+SKIPPING = ("chain", "static", "dynamic")  # the drafting kinds with a VVS schedule (skip, skip_every)
 FAMILIES: dict[str, Family] = {}
 DRAFTINGS: dict[str, Drafting] = {}
 
@@ -235,9 +259,13 @@ for _entry in (
            "the draft index i in a round", (SCALE, NU, MU), make_rule=_own("peers", "coolsd_rule")),
     Family("gsd", "GSD", "grouped acceptance p(C(x))/q(C(x)) over rank-near latent neighbours of x",
            (GROUP, K, GAP), make_rule=_own("peers", "gsd_rule")),
-    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA,), _chain),
-    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)", (TREE, TREE_GAMMA), _static),
-    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K), _dynamic),
+    Family("entropy", "Entropy-aware", "entropy-aware acceptance min(1, w p(x)/q(x)), w = exp(beta H(p) / log V) "
+           "from the target's entropy H(p) (arXiv 2510.09012)", (BETA,), make_rule=_own("peers", "entropy_rule")),
+    Drafting("chain", "chain", "EAGLE-1 chain of gamma drafts", (GAMMA, SKIP, SKIP_EVERY), _chain),
+    Drafting("static", "static tree", "static draft tree (EAGLE-1, LANTERN++)",
+             (TREE, TREE_GAMMA, SKIP, SKIP_EVERY, SIMILARITY), _static),
+    Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY, SIMILARITY),
+             _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
              "no drafter", (WINDOW,), _jacobi, drafter=False),
 ):
@@ -276,6 +304,11 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
         spec["drafting"] = drafting
         if "tree" in entry and drafting == "static":
             spec["tree"] = TREE.check(entry["tree"], f"{where}.tree", context)
+        if "skip" in entry and drafting in SKIPPING:  # decides whether skip_every / similarity apply
+            spec["skip"] = SKIP.check(entry["skip"], f"{where}.skip", context)
+            if spec["skip"] == "similarity" and drafting == "chain":
+                raise UserError(f"{where}.skip = 'similarity' needs a draft tree (a chain has one path to compare); "
+                                "use drafting: static or dynamic, or skip: every")
     params = _params(spec)
     known = {"name", "seed"} | ({"drafting"} if fam.speculative else set()) | {p.name for p in params}
     for key in entry:
@@ -288,7 +321,8 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
             if p.default is REQUIRED:
                 example = {"delta": "0.1", "lam": "2", "k": "10"}.get(p.name, "...")
                 raise UserError(f"{where} ({fam.name}) needs {p.name}; add e.g. {p.name}: [{example}]")
-            spec[p.name] = p.default
+            if p.fill:
+                spec[p.name] = p.default
             continue
         value = entry[p.name]
         if isinstance(value, list) and p.grid:
@@ -299,6 +333,9 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
             spec[p.name] = [p.check(v, f"{where}.{p.name}", context) for v in value]
         else:
             spec[p.name] = p.check(value, f"{where}.{p.name}", context)
+    for p in params:
+        if not p.fill and spec.get(p.name) == p.default:
+            del spec[p.name]
     if "seed" in entry:
         spec["seed"] = entry["seed"]
     return spec
@@ -324,6 +361,8 @@ def applicable(entry: dict) -> dict:
             return entry
         if spec["drafting"] == "static" and "tree" in entry:
             spec["tree"] = entry["tree"]
+        if spec["drafting"] in SKIPPING and "skip" in entry:
+            spec["skip"] = entry["skip"]
     keep = {"name", "seed", "drafting"} | {p.name for p in _params(spec)}
     return {k: v for k, v in entry.items() if k in keep}
 
@@ -525,6 +564,12 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
                             f"{target.args.vocab_size}")
         table = table.to(device)
+    if spec.get("skip") == "similarity":  # VVS compares draft paths by their codes' embeddings
+        if not vq_path:
+            raise UserError("skip: similarity needs the VQ checkpoint (--vq) for its codebook")
+        from lantern.engine.decoding.skipping import attach_codebook
+
+        attach_codebook(draft, read_codebook(vq_path), target.args.vocab_size, device)
     drafter = None
     if needs_drafter(spec):
         from lantern.engine.models.drafter import load_drafter

@@ -130,6 +130,8 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         "tau_incl_bonus": stats["n_tokens"].sum() / stats["target_forwards"].sum(),
         "target_forwards_per_image": stats["target_forwards"].mean(),
         "drafter_forwards_per_image": stats["drafter_forwards"].mean(),
+        # VVS: rounds that committed drafts without a verify (engine/decoding/skipping.py); none before the column
+        "skipped_rounds_per_image": stats["skipped_rounds"].mean() if "skipped_rounds" in stats else 0.0,
         "accepted_per_step_mean": np.concatenate(per_step).mean() if any(a.size for a in per_step) else math.nan,
         "latency_s_per_image": mean_lat,
         "latency_p50_s": np.percentile(lat, 50) if len(lat) else math.nan,

@@ -26,6 +26,7 @@ from lantern.errors import UserError
 @dataclass(frozen=True)
 class Chain:
     gamma: int = 4  # drafted tokens per round
+    skip_every: int = 0  # VVS: every skip_every-th round of an image commits its drafts unverified (0: never)
     target_extra = 0
     drafter_extra = 0
 
@@ -36,6 +37,9 @@ class Chain:
     def __post_init__(self):
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise UserError(f"gamma={self.gamma!r} must be a positive integer (drafted tokens per round)")
+        if self.skip_every == 1 or self.skip_every < 0:
+            raise UserError(f"skip_every={self.skip_every!r} must be 0 (no skipping) or >= 2: the round after a "
+                            "skipped one verifies what it committed")
 
     def to(self, device) -> "Chain":
         return self

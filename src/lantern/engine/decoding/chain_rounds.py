@@ -31,7 +31,7 @@ from lantern.engine.models.layout import Layout, code_steps, image_logits
 def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, visible: Tensor,
                  rows: Tensor | None, last: Tensor, Q: Tensor, done: Tensor, gs: Tensor, u: Tensor | None,
                  params: SamplingParams, G: int, layout: Layout | None = None,
-                 geometry: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                 geometry: tuple[Tensor, Tensor, Tensor] | None = None, states: bool = False) -> tuple[Tensor, ...]:
     """G chain drafts for n images, the drafting of a chain round in one function, eager or compiled with static
     shapes (gpt-fast style, as verify_step): the drafter's catch-up over each image's pending inputs (emb, hidden,
     pos, slots [R * n, S, ...], visible [R * n, S, L] in forward layout over the cache rows `rows`, None: all),
@@ -41,17 +41,20 @@ def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slo
     x_i drawn with the image's uniform u[:, i] (None: greedy argmax). Returns (X [n, G], q [n, G, V]).
     layout (forced structural tokens, eager rounds): the steps walk the slots after y (forced.slot_geometry's
     `geometry`) and G counts them: a forced slot feeds its id without a draw, a code's slot draws draft t over the
-    image head with u[:, t] and feeds it as id code + offset; X and q are gathered at the codes' slots."""
+    image head with u[:, t] and feeds it as id code + offset; X and q are gathered at the codes' slots.
+    With `states`, also the drafter's predicted hidden states the drafts were drawn from, [R, n, G, d] (column i:
+    position Q + i; chains without a layout: skipping.py's)."""
     n, L, device = last.shape[0], drafter.cache_len, emb.device
     R = emb.shape[0] // n
     out = drafter.forward_rows(emb, hidden, pos, slots, visible, rows)
     pred = out.view(R, n, out.shape[1], -1)[:, torch.arange(n, device=device), last]  # [R, n, d]
-    xs, qs = [], []
+    xs, qs, preds = [], [], []
     steps, feed_below = G, gs - 1
     if geometry is not None:
         forced, code_slot, slot_code = geometry
         feed_below = code_slot.gather(1, (gs - 1).clamp(min=0)[:, None])[:, 0]
     for i in range(steps):
+        preds.append(pred)
         t = i if geometry is None else slot_code[:, i].clamp(min=0)  # the draft a slot holds
         head = drafter.head(pred.reshape(R * n, 1, -1))
         q = batch_probs(head if layout is None else image_logits(layout, head), params, (done + t)[:, None])[:, 0]
@@ -72,6 +75,8 @@ def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slo
     if geometry is not None:
         at = code_slot[:, :-1].clamp(max=steps - 1)  # a draft beyond the image's drafts: any slot, never read
         X, q = X.gather(1, at), q.gather(1, at[..., None].expand(-1, -1, q.shape[-1]))
+    if states:
+        return X, q, torch.stack(preds, 2)
     return X, q
 
 
@@ -81,6 +86,8 @@ class ChainRounds(DrafterRounds):
     next token; each generator then advances by what it used) in another; drafts, acceptance and next tokens are
     drawn on the device (chain.accept_chains) into a token buffer (self.buf), and one read per round, the accepted
     lengths, tells the host where every image stands."""
+
+    drafter_states = False  # whether `draft` keeps the drafter's predicted states (self.states; skipping.py's)
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
@@ -128,9 +135,10 @@ class ChainRounds(DrafterRounds):
             steps = [code_steps(layout, im.n + g - 1) - code_steps(layout, im.n - 1) for im, g in zip(images, self.g)]
             self.rows_verified = [verify_rows(layout, im.n, g) for im, g in zip(images, self.g)]
         self.geometry = geometry
-        X, q = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
-                    (pending - 1).clamp(min=0), self.Q, done, gs, u, params, gamma if self.static else max(steps),
-                    layout, geometry)
+        out = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
+                   (pending - 1).clamp(min=0), self.Q, done, gs, u, params, gamma if self.static else max(steps),
+                   layout, geometry, **({"states": True} if self.drafter_states else {}))
+        (X, q), self.states = out[:2], out[2] if self.drafter_states else None
         if self.static:
             X, q = X[self.index], q[self.index]
         for im, k in zip(images, steps):

@@ -12,6 +12,7 @@ from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
 from lantern.engine.decoding.sampling import SamplingParams
+from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds, skips
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
 from lantern.engine.decoding.tree_rounds import TreeRounds
 from lantern.engine.decoding.trees import DynamicTree, StaticTree
@@ -24,12 +25,14 @@ from lantern.errors import UserError
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
-    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py). layout (forced
-    structural tokens, docs/chameleon-layout.md): eager chain rounds only so far."""
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py); drafts that skip
+    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
+    chain rounds only so far."""
     if layout is not None:
-        if not isinstance(drafting, Chain) or compile or drafter is None:
-            raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, so "
-                            "far; trees, Jacobi windows and compiled rounds are designed in docs/chameleon-layout.md")
+        if not isinstance(drafting, Chain) or compile or drafter is None or skips(drafting):
+            raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, "
+                            "without skipped verifies, so far; trees, Jacobi windows and compiled rounds are "
+                            "designed in docs/chameleon-layout.md")
         rounds = ChainRounds(target, drafter, drafting, params, rule, table, B)
         rounds.use_layout(layout)
         return rounds
@@ -38,6 +41,9 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
+    if skips(drafting):  # VVS: eager rounds (speculative.decode compiles none of them)
+        kind = SkippingChainRounds if isinstance(drafting, Chain) else SkippingTreeRounds
+        return kind(target, drafter, drafting, params, rule, table, B)
     if compile and graph_capturable(rule):
         if isinstance(drafting, Chain):
             return GraphChainRounds(target, drafter, drafting, params, rule, table, B)

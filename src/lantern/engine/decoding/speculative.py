@@ -30,6 +30,7 @@ from torch import Tensor
 
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.decoding.kinds import rounds_for
+from lantern.engine.decoding.skipping import skips
 from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams
@@ -82,6 +83,8 @@ def decode(
     reset_peak_memory(device)
     with timer.section("other"):
         drafting = drafting.to(device) if hasattr(drafting, "to") else drafting
+    # VVS (a chain's skip_every) changes a round's verify width and which images verify: the eager rounds carry it
+    compile = compile and not skips(drafting)
     rounds = rounds_for(drafting, target, drafter, params, rule, table, B, compile, layout)
     with torch.profiler.record_function(PREFILL):  # a mark for benchmarks/host_ops.py, which counts the rounds
         images = rounds.prefill(cond, generators, timer, cond_mask, compile)

@@ -70,6 +70,7 @@ class ImageStats:
     target_forwards: int
     drafter_forwards: int = 0
     accepted_total: int = 0  # drafted tokens accepted over the whole image
+    skipped_rounds: int = 0  # VVS: rounds that committed their drafts without a target verify (skipping.py)
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_other_s: float = 0.0

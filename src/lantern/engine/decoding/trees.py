@@ -99,6 +99,10 @@ class TreeShape:
     names its reserved cache slots: target_extra (its nodes) and drafter_extra (the nodes its drafter passes
     write)."""
 
+    skip_every = 0  # VVS: every skip_every-th round commits a drafted path unverified (skipping.py); 0: never
+    skip_similarity = None  # VVS: or skip when the paths' similarity reaches this (with skip_codebook [V, D])
+    skip_codebook = None
+
     def check(self, target: GPT) -> None:
         if self.max_rank >= target.args.vocab_size:
             raise UserError(f"{self.describe()} drafts rank {self.max_rank}, beyond the vocabulary of "
@@ -179,6 +183,8 @@ class StaticTree(TreeShape):
             return self
         if device not in self._on:
             self._on[device] = StaticTree(self.paths, self.name, device)
+            self._on[device].skip_every, self._on[device].skip_similarity = self.skip_every, self.skip_similarity
+            self._on[device].skip_codebook = None if self.skip_codebook is None else self.skip_codebook.to(device)
         return self._on[device]
 
     @property

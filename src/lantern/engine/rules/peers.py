@@ -1,7 +1,8 @@
-"""Peer relaxed rules of LANTERN (method.md section 6): Cool-SD's annealed acceptance and GSD's grouped acceptance.
+"""Peer relaxed rules of LANTERN (method.md section 6): Cool-SD's annealed acceptance, GSD's grouped acceptance and
+the entropy-aware acceptance.
 
-Both are lossy and give no TV bound; both reduce to exact decoding when their relaxation is off. Each is an
-AcceptRule.impl (acceptance.py hands chain and tree verification over to it).
+All are lossy and reduce to exact decoding when their relaxation is off; only the entropy-aware rule has a per-step
+TV bound (below). Each is an AcceptRule.impl (acceptance.py hands chain and tree verification over to it).
 
 Cool-SD (Li, Zhang, Du, Ji, "Annealed Relaxation of Speculative Decoding for Faster Autoregressive Image
 Generation", AAAI 2026, arXiv 2601.09212; no public code at github.com/xingyaoL/COOL-SD when this was written, so
@@ -29,6 +30,20 @@ within `gap` of p(x) in probability (theirs: |p(v) - p(x)| < 0.15). On rejection
 only; greedy here: x passes iff it is the argmax of p with p(x) replaced by p(C(x)) (LANTERN's greedy test).
 Deterministic drafts (q None): q(C(x)) = 1 and the residual is p without x. group = 1, k = 0 or gap = 0 leave
 C(x) = {x}: exact SD (the registry then builds the exact rule).
+
+Entropy-aware acceptance (Ma et al., "Towards Better & Faster Autoregressive Image Generation: From the Perspective
+of Entropy", NeurIPS 2025, arXiv 2510.09012; code github.com/krennic999/ARsample, which ships only the
+LlamaGen sampling-temperature part, not its SJD rule): the acceptance of speculative (Jacobi) decoding scaled by the
+target's entropy, so that drafts are taken more readily where the target is uncertain (textures, low information
+density) and as strictly as exact SD where it is sure (structure). Our reading, since neither the paper's formula
+nor its SJD code was reachable here: accept x with min(1, w p(x) / q(x)), w = exp(beta H(p) / log V), H the
+target's entropy at the position, V the vocabulary (so w runs from 1 at a point mass to e^beta at the uniform);
+on rejection sample norm(max(p - min(q, w p), 0)), the optimal residual for that acceptance (Cool-SD's, with w
+from the entropy instead of the draft index; for w >= 1 it is exact SD's norm(max(p - q, 0))). Guarantee, from
+the emitted distribution min(q, w p) + (1 - sum min(q, w p)) r: TV(emitted, p) <= sum_x min(q, w p) - min(q, p)
+<= min(w - 1, TV(p, q)) per step; beta = 0 is exact SD. Greedy: x passes iff it is the argmax of p with p(x)
+replaced by w p(x). w is recomputed from the p the draft is verified against (a tree sibling after a rejection:
+the residual), so acceptance and residual always agree.
 """
 
 from __future__ import annotations
@@ -189,6 +204,50 @@ class GroupRule:
         return self, table
 
 
+@dataclass(frozen=True)
+class EntropyRule:
+    beta: float = 0.0
+    name: str = "entropy"
+    k = 0
+    table_width = 0
+
+    @property
+    def relaxed(self) -> bool:
+        return self.beta != 0.0
+
+    def describe(self) -> str:
+        return f"entropy(beta={self.beta:g})" if self.relaxed else "exact"
+
+    def weight(self, p: Tensor) -> Tensor:
+        """w = exp(beta H(p) / log V) for each row of p [..., V]: 1 at a point mass, e^beta at the uniform."""
+        H = -torch.special.xlogy(p, p).sum(-1)
+        return torch.exp(self.beta * H / torch.log(torch.tensor(float(p.shape[-1]), dtype=p.dtype, device=p.device)))
+
+    def greedy_accept(self, p: Tensor, x: Tensor, table) -> Tensor:
+        boosted = p.scatter(-1, x.unsqueeze(-1), (self.weight(p) * _take(p, x)).unsqueeze(-1))
+        return boosted.argmax(-1) == x
+
+    def accept_probability(self, p: Tensor, q: Tensor | None, x: Tensor, table, depth=None):
+        qx = 1.0 if q is None else _take(q, x)
+        a = (self.weight(p) * _take(p, x) / qx).clamp(max=1.0)
+        return a, torch.zeros_like(a), torch.zeros_like(x)
+
+    def residual(self, p: Tensor, q: Tensor | None, x: int, m: int, table) -> Tensor:
+        return self.residual_rows(p[None], None if q is None else q[None], torch.tensor([x], device=p.device), None,
+                                  table)[0]
+
+    def residual_rows(self, p: Tensor, q: Tensor | None, x: Tensor, m, table) -> Tensor:
+        """norm(max(p - min(q, w p), 0)) for rows p, q [n, V] (q None: the point mass on each rejected x [n])."""
+        q = p.new_zeros(p.shape).scatter(-1, x[:, None], 1.0) if q is None else q
+        return normalised((p - torch.minimum(q, self.weight(p)[:, None] * p)).clamp(min=0.0), p)
+
+    def verify_candidates(self, p, q, candidates, table, uniforms, depth=0):
+        return try_siblings(self, p, q, candidates, table, uniforms, depth)
+
+    def graph_form(self, table):
+        return self, table
+
+
 def normalised(r: Tensor, p: Tensor) -> Tensor:
     """Rows of r renormalised; a row left with no mass (only through rounding) falls back to p's."""
     total = r.sum(-1, keepdim=True)
@@ -204,3 +263,8 @@ def gsd_rule(spec: dict) -> AcceptRule:
     impl = GroupRule(spec["group"], spec["k"], float(spec["gap"]))
     return AcceptRule("gsd", k=spec["k"], impl=impl) if impl.relaxed else AcceptRule("exact")
 
+
+
+def entropy_rule(spec: dict) -> AcceptRule:
+    impl = EntropyRule(float(spec["beta"]))
+    return AcceptRule("entropy", impl=impl) if impl.relaxed else AcceptRule("exact")
