@@ -185,9 +185,19 @@ def test_round_anatomy_from_a_small_rounds_table(sweep, tmp_path):
     plt.close(fig)
     assert titles == ["batch 1 (images decoded alone)", "batch 8 (a batch's time / 8: per image row)"]
     assert labels == ["AR", "Exact SD γ=4", "Exact SD (dynamic)"]  # from the top, in the paper's order
-    assert "1.23 ± 0.04 AR tokens" in texts and "1.50 ± 0.04 AR tokens" in texts
-    assert "no plain-AR token timed in this job" in texts and texts.count("  not timed at this batch size") == 2
+    # bars in each job's plain-AR tokens (the default), the cost and the milliseconds behind it at the bar's end
+    assert "1.23 ± 0.04 AR tokens\n1.23 ms / 1 ms" in texts and "1.50 ± 0.04 AR tokens\n1.5 ms / 1 ms" in texts
+    assert "1: a round is a token\n1 ms" in texts and texts.count("  not timed at this batch size") == 2
+    assert "  no plain-AR token timed in this job" in texts  # no token to measure its round in
     assert "the whole round: one compiled call, not split" in legend
+    widths = sorted(round(patch.get_width(), 6) for patch in fig.axes[0].patches)
+    assert widths == sorted([0.0, 0.9, 0.1, 0.3, 0.9, 0.03, 1.0])  # AR's sections, the chain's, its token
+    fig = plot(Inputs(tables=folder), Params(unit="ms"))
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    plt.close(fig)
+    assert "no plain-AR token timed in this job\n1.5 ms" in texts  # in milliseconds its round is drawn
+    with pytest.raises(UserError, match="unit 'tokens' is not one of ar, ms"):
+        Params(unit="tokens")
     out = tmp_path / "round_anatomy.png"
     main(["round_anatomy", "--tables", str(folder), "--params", '{"points": ["exact-chain-g4"]}', "--out", str(out)])
     assert Image.open(out).format == "PNG"
