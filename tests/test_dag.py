@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 JOB_STATS = re.compile(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\ntotal\s+(\d+)", re.S)
 POINTS = ["vanilla", "vanilla-control", "exact-chain-g3", "lantern-chain-g3-d0.2-k2", "lantern-chain-g3-d0.2-k10",
           "lanternpp-static-naive_extend_57-l5-k10", "exact-jacobi-w4"]
-FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "tree_budget", "acceptance_map", "samples_sampling", "ambiguity"]
+FIGURES = ["tradeoff", "tau_vs_delta", "heatmap", "tree_depth", "tree_budget", "acceptance_map", "samples_sampling", "ambiguity",
+           "round_anatomy"]
 
 
 def jobs_run(log: Path) -> dict[str, int]:
@@ -48,7 +49,7 @@ def images(folder: Path) -> dict[str, str]:
 
 def test_smoke_dag_makes_every_table_and_figure(smoke_run, tmp_path):
     out = smoke_run.out
-    for name in ["sweep.csv", "positions.csv", "depths.csv", "summary.md"]:
+    for name in ["sweep.csv", "positions.csv", "depths.csv", "rounds.csv", "summary.md"]:
         assert (out / "tables" / name).stat().st_size > 0, name
     for name in FIGURES:
         assert (out / "figures" / f"{name}.png").stat().st_size > 10_000, name

@@ -125,7 +125,7 @@ def test_two_snakemake_processes_on_one_results_folder_never_interleave(mini, tm
 @pytest.mark.parametrize("rule, target, job_log, outputs", [
     ("evaluate", METRICS, "evaluate/sampling/vanilla.log", [METRICS]),
     ("tables", TABLES, "tables.log", [f"{OUT}/tables/{n}" for n in ("sweep.csv", "positions.csv", "depths.csv",
-                                                                      "summary.md")]),
+                                                                      "rounds.csv", "summary.md")]),
 ])
 def test_a_job_killed_mid_run_resumes_to_the_same_bytes(rule, target, job_log, outputs, mini, tmp_path):
     """SIGKILL to Snakemake and its job (a node failure) once the job has started: no output is left half-written

@@ -153,3 +153,58 @@ def test_tradeoff_draws_class_accuracy_where_the_sweep_has_it(sweep, tmp_path):
     without = plot(Inputs(tables=sweep / "tables"), Params())
     assert [ax.get_xlabel() for ax in with_classifier.axes[:3]][-1] == "class accuracy (higher is better)"
     assert len(with_classifier.axes) == 3 * 2 and len(without.axes) == 2 * 2
+
+
+def test_round_anatomy_from_a_small_rounds_table(sweep, tmp_path):
+    """Per point and batch size a round's sections beside the same job's plain-AR token, the round's cost at the
+    bar's end; a compiled round is drawn whole, a point not timed at a batch size or without plain AR says so."""
+    import matplotlib.pyplot as plt
+
+    from lantern.figures import Inputs
+    from lantern.figures.round_anatomy import Params, plot
+    from lantern.pipeline.tables import ROUND_COLUMNS
+
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    pd.read_csv(sweep / "tables" / "sweep.csv").to_csv(folder / "sweep.csv", index=False)
+    row = lambda point, name, drafting, b, ms, cost, split="sections", ar=1.0: {  # noqa: E731
+        "mode": "sampling", "point": point, "name": name, "drafting": drafting, "batch_size": b, "images": 4,
+        "rounds_per_image": 9.0, "draft_ms": ms[0], "verify_ms": ms[1], "other_ms": ms[2], "round_ms": sum(ms),
+        "ar_token_ms": ar, "round_cost_ar": cost, "round_cost_ar_se": 0.04 if cost == cost else float("nan"),
+        "split": split}
+    pd.DataFrame([row("vanilla", "vanilla", "none", 1, (0.0, 0.9, 0.1), 1.0),
+                  row("exact-chain-g4", "exact", "chain", 1, (0.3, 0.9, 0.03), 1.23),
+                  row("exact-chain-g4", "exact", "chain", 8, (0.0, 1.5, 0.0), 1.5, "one call"),
+                  row("exact-dynamic", "exact", "dynamic", 1, (0.4, 1.0, 0.1), float("nan"), ar=float("nan"))],
+                 columns=ROUND_COLUMNS).to_csv(folder / "rounds.csv", index=False)
+    fig = plot(Inputs(tables=folder), Params())
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    titles = [ax.get_title() for ax in fig.axes]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)
+    assert titles == ["batch 1 (images decoded alone)", "batch 8 (a batch's time / 8: per image row)"]
+    assert labels == ["AR", "Exact SD γ=4", "Exact SD (dynamic)"]  # from the top, in the paper's order
+    # bars in each job's plain-AR tokens (the default), the cost and the milliseconds behind it at the bar's end
+    assert "1.23 ± 0.04 AR tokens\n1.23 ms / 1 ms" in texts and "1.50 ± 0.04 AR tokens\n1.5 ms / 1 ms" in texts
+    assert "1: a round is a token\n1 ms" in texts and texts.count("  not timed at this batch size") == 2
+    assert "  no plain-AR token timed in this job" in texts  # no token to measure its round in
+    assert "the whole round: one compiled call, not split" in legend
+    widths = sorted(round(patch.get_width(), 6) for patch in fig.axes[0].patches)
+    assert widths == sorted([0.0, 0.9, 0.1, 0.3, 0.9, 0.03, 1.0])  # AR's sections, the chain's, its token
+    fig = plot(Inputs(tables=folder), Params(unit="ms"))
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    plt.close(fig)
+    assert "no plain-AR token timed in this job\n1.5 ms" in texts  # in milliseconds its round is drawn
+    with pytest.raises(UserError, match="unit 'tokens' is not one of ar, ms"):
+        Params(unit="tokens")
+    out = tmp_path / "round_anatomy.png"
+    main(["round_anatomy", "--tables", str(folder), "--params", '{"points": ["exact-chain-g4"]}', "--out", str(out)])
+    assert Image.open(out).format == "PNG"
+    with pytest.raises(UserError, match="not in the sampling rounds"):
+        main(["round_anatomy", "--tables", str(folder), "--params", '{"points": ["lantern"]}', "--out", str(out)])
+    with pytest.raises(UserError, match="mode 'greedy' is not in rounds.csv"):
+        main(["round_anatomy", "--tables", str(folder), "--mode", "greedy", "--out", str(out)])
+    (folder / "rounds.csv").unlink()
+    with pytest.raises(UserError, match="run `lantern tables` first"):
+        main(["round_anatomy", "--tables", str(folder), "--out", str(out)])

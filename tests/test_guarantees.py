@@ -283,7 +283,7 @@ def test_the_snakefile_runs_jobs_behind_the_error_prefix():
 
 
 # -- every figure renders from any legal table ---------------------------------------------------------------------
-TABLE_FIGURES = ["tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "acceptance_map"]
+TABLE_FIGURES = ["tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "acceptance_map", "round_anatomy"]
 # columns a legal run leaves empty: no speed-up when n_images <= latency_images and in_job_vanilla is false (a small
 # llamagen run), no precision / recall below 4 images, no class accuracy outside the toy world, no CLIP score where
 # no caption or class name reaches it (FID and KID are always there: evaluate refuses fewer than 2 images)

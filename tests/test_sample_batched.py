@@ -103,7 +103,7 @@ def test_latency_images_are_decoded_alone_once_and_reach_the_tables(world, tmp_p
         assert stats.loc[timed, "latency_s"].astype(float).tolist() == stats.loc[timed, "time_total_s"].tolist()
         assert ("vanilla_latency_s" in stats) == (point != "vanilla")
         assert stats.tokens.tolist() == draw(world, tmp_path / point, method=method, end=6).tokens.tolist()
-    sweep, _, _ = sweep_table([root / p / "shard0" for p in ("vanilla", "exact-chain-g3")], [])
+    sweep, _, _, _ = sweep_table([root / p / "shard0" for p in ("vanilla", "exact-chain-g3")], [])
     row = sweep.set_index("point").loc["exact-chain-g3"]
     stats = pd.read_csv(root / "exact-chain-g3" / "shard0" / "stats.csv")
     alone, batched = stats.iloc[:2], stats.iloc[2:]
@@ -117,6 +117,16 @@ def test_latency_images_are_decoded_alone_once_and_reach_the_tables(world, tmp_p
                                                              / batched["time_total_s"].mean())
     assert row["tau_incl_bonus"] == pytest.approx(stats["n_tokens"].sum() / stats["target_forwards"].sum())
     assert sweep.set_index("point").loc["vanilla", "speedup_b1_in_job"] == 1.0
+    # a round's cost in plain-AR tokens: tau over the images alone / their batch-1 speed-up; the real timer sections
+    # add up to the round's time
+    tau_alone = alone["n_tokens"].sum() / alone["target_forwards"].sum()
+    assert row["round_cost_ar_b1"] == pytest.approx(tau_alone / row["speedup_b1_in_job"])
+    assert row["round_cost_ar"] == row["round_cost_ar_b1"] and row["round_cost_ar_b1_se"] > 0
+    rounds = sweep_table([root / p / "shard0" for p in ("vanilla", "exact-chain-g3")], [])[3]
+    at = rounds[rounds["point"] == "exact-chain-g3"].set_index("batch_size")
+    assert at.index.tolist() == [1, 2] and (at["split"] == "sections").all()
+    assert at[["draft_ms", "verify_ms", "other_ms"]].sum(axis=1).tolist() == pytest.approx(at["round_ms"].tolist())
+    assert (at[["draft_ms", "verify_ms"]] > 0).all().all()
     # batch-1 latency, timed at every point, is the headline; the batched in-job ratio comes second
     assert (sweep["speedup_kind"] == "in-job, batch 1").all()
     assert row["speedup"] == row["speedup_b1_in_job"] and row["speedup"] != row["speedup_vs_in_job_vanilla"]
@@ -165,7 +175,7 @@ def test_in_job_vanilla_every_times_the_same_batches_in_any_shard(world, tmp_pat
     assert (tail["vanilla_time_total_s"] != "").tolist() == [True, True, False]
     assert whole.tokens.tolist() == draw(world, tmp_path / "all", "--batch-size", "2", "--in-job-vanilla",
                                          end=7).tokens.tolist()
-    sweep, _, _ = sweep_table([tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0"], [])
+    sweep, _, _, _ = sweep_table([tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0"], [])
     stats = pd.read_csv(tmp_path / "gen" / "sampling" / "exact-chain-g3" / "shard0" / "stats.csv")
     paired = stats["vanilla_time_total_s"].notna()
     assert sweep["speedup_vs_in_job_vanilla"].iloc[0] == pytest.approx(

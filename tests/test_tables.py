@@ -144,8 +144,10 @@ def test_in_job_speedup_is_the_same_jobs_vanilla_time_over_the_methods(built):
     text = (built / "tables" / "summary.md").read_text()
     greedy, sampling = text.split("## greedy")[1].split("## sampling")
     assert "In-job speed-up" in sampling and "In-job speed-up" not in greedy
+    # the round cost comes with the in-job speed-up it is taken from, and only with it
+    assert "Round cost (AR tokens)" in sampling and "Round cost" not in greedy.split("Noise band")[0]
     header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
-    assert header.count("|") == rule.count("|") == 15
+    assert header.count("|") == rule.count("|") == 16
 
 
 def test_modes_side_by_side(built):
@@ -211,7 +213,7 @@ def test_positions_exact_for_one_hand_made_point(tmp_path):
             {**base, "image_index": 1, "accepted_per_step": "0 0 0 0 0 0 0", "target_forwards": 8, "n_tokens": 8}]
     folder = tmp_path / "gen" / "greedy" / "exact-chain-g4" / "shard0"
     write_shard(folder, "greedy", "exact-chain-g4", spec, [0, 1], rows)
-    sweep, pos, _ = sweep_table([folder], [])
+    sweep, pos, _, _ = sweep_table([folder], [])
     assert pos["accepted_fraction"].tolist() == [0, 0.5, 0.5, 0, 0, 0.5, 0.5, 0.5]
     assert sweep["tau_incl_bonus"].iloc[0] == pytest.approx(16 / 12)
     assert math.isnan(sweep["speedup_vs_vanilla"].iloc[0]) and math.isnan(sweep["fid"].iloc[0])  # no vanilla, no metrics
@@ -342,3 +344,103 @@ def test_summary_ends_with_each_toy_worlds_ambiguity_and_class_accuracy(tmp_path
     assert "| clean | samples | 1 | 0.210 | 60% | 3.10 | — | 256 |" in section  # no classifier in that world
     main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "bare")])
     assert "## Toy worlds" not in (tmp_path / "bare" / "summary.md").read_text()
+
+
+def steps_for(forwards: int) -> list[int]:
+    """Accepted drafts per round of a 16-token image that took `forwards` target forwards (the prefill one of them):
+    the tokens after the prefill's spread over the rounds, the last round ending on the image's end."""
+    rounds = forwards - 1
+    drafts = N_TOKENS - 1 - (rounds - 1)  # every round but the last also emits its target token
+    return [drafts // rounds + (i < drafts % rounds) for i in range(rounds)]
+
+
+def round_point(tmp_path, name="exact", compiled=False):
+    """A hand-made point of a batch-2 job: images 0-3 decoded alone (plain AR alone on 0 and 2), images 4-7 in two
+    batches (plain AR on the first); times grow with the rounds, as a decoder's do."""
+    spec = POINTS["exact-chain-g4"] if name == "exact" else POINTS["vanilla"]
+    point = "exact-chain-g4" if name == "exact" else "vanilla"
+    base = stats_row(0, point, "sampling", spec, np.random.default_rng(0))
+    forwards = [5, 9, 6, 4, 7, 5, 8, 6] if name == "exact" else [N_TOKENS] * 8
+    rows = []
+    for i, f in enumerate(forwards):
+        steps = steps_for(f) if name == "exact" else []
+        draft, verify, other = (0.0 if compiled else 0.0003 * f), 0.001 * f + 0.0004 * (i % 3), 0.0001 * f
+        alone, timed = i < 4, (i < 4 and i % 2 == 0) or i in (4, 5)
+        plain = 0.016 + 0.001 * (i % 3) if name == "exact" and timed else math.nan
+        total = draft + verify + other
+        rows.append({**base, "image_index": i, "target_forwards": f, "accepted_per_step": " ".join(map(str, steps)),
+                     "accepted_total": sum(steps), "tree_depth": " ".join("4" for _ in steps),
+                     "time_draft_s": draft, "time_verify_s": verify, "time_other_s": other, "time_total_s": total,
+                     "batch_size": 1 if alone else 2, "latency_s": total if alone else math.nan,
+                     "vanilla_latency_s": plain if alone else math.nan,
+                     "vanilla_time_total_s": math.nan if alone else plain})
+    folder = tmp_path / "gen" / "sampling" / point / "shard0"
+    write_shard(folder, "sampling", point, spec, list(range(8)), rows)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "batch_size": 2, "compile": compiled}))
+    return folder, pd.DataFrame(rows)
+
+
+def test_round_cost_is_tau_over_the_in_job_speedup_on_the_same_images(tmp_path):
+    """round_cost_ar = (the method's time / its target forwards) / (plain AR's time / its tokens), both in one job:
+    at batch 1 over every image decoded alone (plain AR on some), at the job's batch over the images that carry plain
+    AR's time (as the speed-ups pair them); it equals tau / speed-up with tau on those images. The headline follows
+    the headline speed-up; plain AR is 1 by definition, with no SE."""
+    folder, stats = round_point(tmp_path)
+    van, _ = round_point(tmp_path, "vanilla")
+    sweep, _, _, rounds = sweep_table([folder, van], [])
+    row = sweep.set_index("point").loc["exact-chain-g4"]
+    alone, batched = stats[stats["batch_size"] == 1], stats[stats["batch_size"] == 2]
+    paired = batched[batched["vanilla_time_total_s"].notna()]
+    b1 = (alone["time_total_s"].mean() / alone["target_forwards"].mean()) / (alone["vanilla_latency_s"].mean() / 16)
+    in_job = ((paired["time_total_s"].mean() / paired["target_forwards"].mean())
+              / (paired["vanilla_time_total_s"].mean() / 16))
+    assert row["round_cost_ar_b1"] == pytest.approx(b1) and row["round_cost_ar_in_job"] == pytest.approx(in_job)
+    tau_alone, tau_paired = 16 / alone["target_forwards"].mean(), 16 / paired["target_forwards"].mean()
+    assert row["round_cost_ar_b1"] == pytest.approx(tau_alone / row["speedup_b1_in_job"])
+    assert row["round_cost_ar_in_job"] == pytest.approx(tau_paired / row["speedup_vs_in_job_vanilla"])
+    assert row["speedup_kind"] == "in-job, batch 1" and row["round_cost_ar"] == row["round_cost_ar_b1"]
+    assert row["round_cost_ar_se"] == row["round_cost_ar_b1_se"] > 0 and row["round_cost_ar_in_job_se"] > 0
+    vanilla = sweep.set_index("point").loc["vanilla"]
+    assert vanilla["round_cost_ar"] == vanilla["round_cost_ar_b1"] == vanilla["round_cost_ar_in_job"] == 1.0
+    assert math.isnan(vanilla["round_cost_ar_se"])
+    # rounds.csv: the same costs, a round's ms per section summing to its whole, plain AR's ms per token beside it
+    at = rounds[rounds["point"] == "exact-chain-g4"].set_index("batch_size")
+    assert at.loc[1, "round_cost_ar"] == pytest.approx(b1) and at.loc[2, "round_cost_ar"] == pytest.approx(in_job)
+    assert at.loc[1, "round_ms"] == pytest.approx(1e3 * alone["time_total_s"].sum() / alone["target_forwards"].sum())
+    assert at.loc[1, "ar_token_ms"] == pytest.approx(1e3 * alone["vanilla_latency_s"].mean() / 16)
+    assert (at["round_ms"] / at["ar_token_ms"]).tolist() == pytest.approx(at["round_cost_ar"].tolist())
+    assert (at[["draft_ms", "verify_ms", "other_ms"]].sum(axis=1)).tolist() == pytest.approx(at["round_ms"].tolist())
+    assert at["images"].tolist() == [4, 2] and (at["split"] == "sections").all()
+    plain = rounds[rounds["point"] == "vanilla"]
+    assert (plain["round_cost_ar"] == 1.0).all() and (plain["round_ms"] == plain["ar_token_ms"]).all()
+    cells = next(r for r in summary_markdown(sweep, TableParams()).splitlines() if r.startswith("| Exact SD"))
+    assert f"| {row['round_cost_ar_b1']:.2f} ± {row['round_cost_ar_b1_se']:.2f} |" in cells
+
+
+def test_round_cost_se_matches_the_delta_method():
+    """Independent times: log R = log m - log f - log a, so SE(R)^2 ~ R^2 (var(m/m̄ - f/f̄) / n + var a / (n_a ā^2)),
+    the method's time and rounds varying together per image (plain AR on every other image)."""
+    from lantern.metrics.speed import round_cost, round_cost_se
+
+    rng = np.random.default_rng(2)
+    n = 400
+    forwards = rng.integers(20, 40, n).astype(float)
+    method = 0.004 * forwards * rng.normal(1.0, 0.05, n)
+    plain = np.where(np.arange(n) % 2 == 0, rng.normal(0.064, 0.006, n), np.nan)
+    r = round_cost(plain, method, forwards, 64, paired=False)
+    a = np.nanmean(plain)
+    u = method / method.mean() - forwards / forwards.mean()
+    delta = r * math.sqrt(u.var(ddof=1) / n + np.nanvar(plain, ddof=1) / (n / 2 * a**2))
+    assert r == pytest.approx((method.mean() / forwards.mean()) / (a / 64))
+    assert round_cost_se(plain, method, forwards, 64, paired=False) == pytest.approx(delta, rel=0.15)
+    assert math.isnan(round_cost_se(np.where(np.arange(n) == 0, 0.06, np.nan), method, forwards, 64, paired=False))
+
+
+def test_a_round_run_as_one_compiled_call_is_not_split(tmp_path):
+    """A compiled job's graph rounds time the whole call as verify (no draft section): rounds.csv says "one call"."""
+    folder, _ = round_point(tmp_path, compiled=True)
+    sweep, _, _, rounds = sweep_table([folder], [])
+    assert (rounds["split"] == "one call").all() and bool(sweep["compiled"].iloc[0])
+    eager, _ = round_point(tmp_path / "eager")
+    assert (sweep_table([eager], [])[3]["split"] == "sections").all()

@@ -173,7 +173,7 @@ HAS_LANTERN = any("delta" in relaxation_axes(p["name"]) for p in POINTS.values()
 HAS_TREES = any(p.get("drafting") in ("static", "dynamic") for p in POINTS.values())
 HAS_DRAFTS = any(speculative(p) for p in POINTS.values())
 TABLE_FIGURES = ["tradeoff"] + ["tau_vs_delta", "heatmap"] * HAS_LANTERN + ["tree_depth", "tree_budget"] * HAS_TREES
-TABLE_FIGURES += ["acceptance_map"] * HAS_DRAFTS
+TABLE_FIGURES += ["acceptance_map"] * HAS_DRAFTS + ["round_anatomy"]  # every point has rounds, plain AR's are tokens
 
 
 def figure_outputs():

@@ -1,6 +1,7 @@
-# Tidy tables: one row per (mode, sweep point) with speed, quality and protocol columns, plus the paper's table.
+# Tidy tables: one row per (mode, sweep point) with speed, quality and protocol columns, plus the paper's table;
+# rounds.csv: a round's time per timer section at each batch size timed (the round_anatomy figure).
 
-TABLES = ["sweep.csv", "positions.csv", "depths.csv", "summary.md"]
+TABLES = ["sweep.csv", "positions.csv", "depths.csv", "rounds.csv", "summary.md"]
 
 
 rule tables:
@@ -12,6 +13,7 @@ rule tables:
         sweep=report(f"{OUT}/tables/sweep.csv", category="Tables", caption="../report/sweep.rst"),
         positions=f"{OUT}/tables/positions.csv",
         depths=f"{OUT}/tables/depths.csv",
+        rounds=f"{OUT}/tables/rounds.csv",
         summary=report(f"{OUT}/tables/summary.md", category="Tables", caption="../report/summary.rst"),
     log:
         f"{OUT}/logs/tables.log",

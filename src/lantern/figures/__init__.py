@@ -15,7 +15,8 @@ from pathlib import Path
 from lantern.errors import UserError
 from lantern.io import read_structured
 
-FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "samples", "acceptance_map", "proximity"]
+FIGURES = ["ambiguity", "tau_vs_delta", "tradeoff", "heatmap", "tree_depth", "tree_budget", "samples", "acceptance_map", "proximity",
+           "round_anatomy"]
 
 
 @dataclass
@@ -40,7 +41,7 @@ def parse_params(cls, text: str | None):
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="lantern figure", description=__doc__)
     ap.add_argument("name", choices=FIGURES)
-    ap.add_argument("--tables", help="folder with sweep.csv, positions.csv, depths.csv")
+    ap.add_argument("--tables", help="folder with sweep.csv, positions.csv, depths.csv, rounds.csv")
     ap.add_argument("--gen", help="generation folder <outdir>/gen (samples only)")
     ap.add_argument("--ambiguity", nargs="+", default=[], metavar="WORLD=FILE",
                     help="per-step ambiguity files (`lantern ambiguity --steps-out`), each named by its world")

@@ -85,17 +85,83 @@ def speedup_se(plain: np.ndarray, method: np.ndarray, paired: bool, draws: int =
     over all n (the batch-1 speed-up). An image is resampled with its pair, so the load that slowed both cancels
     as it does in the ratio. The spread is the job's own: between days the machine moves speed-ups further
     (docs/decoders.md). NaN with fewer than two images timed by both."""
-    plain, method = np.asarray(plain, float), np.asarray(method, float)
+    means = resampled_means(plain, [method], paired, draws, seed)
+    if means is None:
+        return math.nan
+    plain_mean, (method_mean,) = means
+    return float(np.std(plain_mean / method_mean, ddof=1))
+
+
+def resampled_means(plain: np.ndarray, columns: list[np.ndarray], paired: bool, draws: int = 2000, seed: int = 0
+                    ) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """The bootstrap draws behind speedup_se and round_cost_se: images resampled with their pairs, and per draw
+    plain AR's mean over the drawn images that carry its time and each column's mean (paired: over those images
+    only, else over every drawn image). None with fewer than two images carrying plain AR's time."""
+    plain = np.asarray(plain, float)
     has = ~np.isnan(plain)
     if has.sum() < 2:
-        return math.nan
+        return None
     idx = np.random.default_rng(seed).integers(0, len(plain), size=(draws, len(plain)))
     mask = has[idx]
     timed = mask.sum(1)
     keep = timed > 0  # a resample that drew no image with plain AR's time has no ratio
-    num = np.where(mask, plain[idx], 0.0).sum(1)[keep] / timed[keep]
-    den = (np.where(mask, method[idx], 0.0).sum(1) / np.maximum(timed, 1) if paired else method[idx].mean(1))[keep]
-    return float(np.std(num / den, ddof=1))
+    plain_mean = np.where(mask, plain[idx], 0.0).sum(1)[keep] / timed[keep]
+    means = []
+    for column in columns:
+        values = np.asarray(column, float)[idx]
+        means.append((np.where(mask, values, 0.0).sum(1) / np.maximum(timed, 1) if paired else values.mean(1))[keep])
+    return plain_mean, means
+
+
+def round_cost(plain: np.ndarray, method: np.ndarray, forwards: np.ndarray, n_tokens: int, paired: bool) -> float:
+    """What one round (one target forward, the prefill counted as tau counts it) of a method costs in plain-AR
+    tokens: (the method's time / its target forwards) / (plain AR's time / its tokens), both in one job. Over the
+    images a speed-up is taken on (paired as in speedup_se) it equals tau / speed-up, tau counted on those images.
+    method and forwards [n] per image; plain [n] plain AR's times, NaN where not timed. NaN when none is."""
+    plain, method, forwards = (np.asarray(a, float) for a in (plain, method, forwards))
+    has = ~np.isnan(plain)
+    if not has.any():
+        return math.nan
+    used = has if paired else np.ones_like(has)
+    return float(method[used].mean() / forwards[used].mean() / (plain[has].mean() / n_tokens))
+
+
+def round_cost_se(plain: np.ndarray, method: np.ndarray, forwards: np.ndarray, n_tokens: int, paired: bool,
+                  draws: int = 2000, seed: int = 0) -> float:
+    """round_cost's bootstrap standard error: the draws of speedup_se (same seed, the same resampled images), each
+    draw's round cost from its own means, so that tau's spread over the images and the times' spread both count
+    (an image with many rounds is also a slow one, and the two partly cancel in the ratio)."""
+    means = resampled_means(plain, [method, forwards], paired, draws, seed)
+    if means is None:
+        return math.nan
+    plain_mean, (method_mean, forwards_mean) = means
+    return float(np.std(method_mean / forwards_mean / (plain_mean / n_tokens), ddof=1))
+
+
+SECTIONS = ("draft", "verify", "other")  # the decoders' timer sections (engine/decoding/stats.py)
+
+
+def round_anatomy(df: pd.DataFrame, time: str, reference: str | None, paired: bool, n_tokens: int,
+                  sections: bool = True) -> dict:
+    """A round of one group of images timed at one batch size, from their per-image stats: ms per round (per target
+    forward, the prefill counted) in all and per timer section (`sections`: the rows carry them for this decode),
+    plain AR's ms per token in the same job, and round_cost with its standard error. The images are those the
+    in-job speed-up is taken on: with `paired`, the ones that carry plain AR's time (`reference`), else all.
+    reference None: the group is plain AR itself, its own reference (a round of it is a token). At batch B a
+    per-image time is the batch's wall time / B, so a round's ms is per image row, as plain AR's token is."""
+    forwards, method = df["target_forwards"].to_numpy(float), df[time].to_numpy(float)
+    plain = method if reference is None else (df[reference].to_numpy(float) if reference in df
+                                               else np.full(len(df), np.nan))
+    has = ~np.isnan(plain)
+    used = has if paired and has.any() else np.ones(len(df), dtype=bool)
+    per_round = lambda values: 1e3 * float(np.sum(values[used]) / forwards[used].sum())  # noqa: E731
+    out = {"images": int(used.sum()), "rounds_per_image": float(forwards[used].mean()),
+           **{f"{s}_ms": per_round(df[f"time_{s}_s"].to_numpy(float)) if sections else math.nan for s in SECTIONS},
+           "round_ms": per_round(method),
+           "ar_token_ms": 1e3 * float(plain[has].mean()) / n_tokens if has.any() else math.nan}
+    out["round_cost_ar"] = round_cost(plain, method, forwards, n_tokens, paired)
+    out["round_cost_ar_se"] = round_cost_se(plain, method, forwards, n_tokens, paired)
+    return out
 
 
 def summarize(df: pd.DataFrame) -> dict:

@@ -9,6 +9,11 @@ ratio (`speedup_vs_vanilla`: the vanilla point's mean latency / the method's) st
 vanilla control run measures how far it can be trusted: when the control's across-jobs ratio is off 1 by more than
 a tolerance, the mode's across-jobs numbers are flagged.
 
+Round cost. `round_cost_ar` = tau / the headline's in-job speed-up: a round's (a target forward's) time in plain-AR
+tokens timed in the same job, from `round_cost_ar_b1` or `round_cost_ar_in_job` (tables.round_rows,
+speed.round_cost: tau and the speed-up on the same images; bootstrap SE on speedup_se's draws). Plain AR's is 1 by
+definition; across jobs there is none (NaN), a round and a plain-AR token being timed under different loads.
+
 Quality. Each metric's standard error comes from `lantern evaluate`'s bootstrap over the generated images
 (fid_se, precision_se, recall_se; the CLIP score's per-image SEM; class accuracy's binomial SE). A method differs from vanilla beyond noise when
 |value - vanilla| > band_z * sqrt(se^2 + se_vanilla^2): `{metric}_z` holds that ratio's numerator over the root.
@@ -55,6 +60,9 @@ def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.Data
         ("speedup_across_jobs_drift", drift),
         ("speedup_across_jobs_reliable", (drift <= speed_tolerance).where(drift.notna())),
         ("step_compression", fwd / sweep["target_forwards_per_image"]),
+        # what a round costs in plain-AR tokens (tau / speed-up), of the headline's in-job kind; none across jobs
+        ("round_cost_ar", se("round_cost_ar_b1").where(b1_full, se("round_cost_ar_in_job").where(full))),
+        ("round_cost_ar_se", se("round_cost_ar_b1_se").where(b1_full, se("round_cost_ar_in_job_se").where(full))),
     ]):
         sweep.insert(at + i, name, values)
     sweep["speedup_vs_in_job_vanilla"] = in_job

@@ -6,6 +6,8 @@ Outputs under --out:
   sweep.csv      one row per (mode, point): method spec, speed, acceptance, quality and protocol columns
   positions.csv  per (mode, point, token position): share of the tokens there that were accepted drafts
   depths.csv     per (mode, point, depth): how often a verification step accepted that many drafts
+  rounds.csv     per (mode, point, batch size timed): a round's milliseconds, per timer section, beside one
+                 plain-AR token timed in the same job, and the round's cost in plain-AR tokens (round_cost_ar)
   summary.md     the paper's table, per mode (with --worlds, then each toy world's ambiguity and class accuracy)
 tau is the mean number of tokens emitted per target forward, the bonus/correction token counted
 (= sum n_tokens / sum target_forwards over the point's images; the prefill forward counts as one).
@@ -26,7 +28,8 @@ from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
 from lantern.metrics.shards import verify_shard
-from lantern.metrics.speed import ALONE, ALONE_REFERENCE, decoded_alone, in_job_speedup, in_job_speedup_se, speedup_se
+from lantern.metrics.speed import (ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE, decoded_alone, in_job_speedup,
+                                   in_job_speedup_se, round_anatomy, speedup_se)
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
 QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "class_accuracy"]
@@ -34,6 +37,8 @@ STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forward
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
 LIST_COLUMNS = ["accepted_per_step", "tree_depth", "tokens"]
 DEPTH_COLUMNS = ["mode", "point", "name", "drafting", "depth", "steps", "fraction"]
+ROUND_COLUMNS = ["mode", "point", "name", "drafting", "batch_size", "images", "rounds_per_image", "draft_ms",
+                 "verify_ms", "other_ms", "round_ms", "ar_token_ms", "round_cost_ar", "round_cost_ar_se", "split"]
 
 
 @dataclass
@@ -107,8 +112,9 @@ def accepted_mask(accepted: np.ndarray, n_tokens: int, where: str = "") -> np.nd
 
 
 def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
-               ) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
-    """(sweep row without the vanilla-relative columns, positions rows, depth-histogram rows) of one point."""
+               ) -> tuple[dict, pd.DataFrame, pd.DataFrame | None, list[dict]]:
+    """(sweep row without the vanilla-relative columns, positions rows, depth-histogram rows, rounds rows) of one
+    point."""
     specs = {json.dumps(method_spec(m["method"], f"{mode}/{point}"), sort_keys=True) for _, m in shards}
     if len(specs) > 1:
         raise UserError(f"the shards of {mode}/{point} disagree on the method spec: {sorted(specs)}; regenerate them")
@@ -161,6 +167,16 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     row["draft_nodes"] = methods.drafting(spec).nodes if methods.speculative(spec) else math.nan
     batch = manifest.get("batch_size") or (stats["batch_size"].max() if "batch_size" in stats else 1)
     row.update(batch_latency(stats, lat, int(batch)))
+    row["compiled"] = manifest.get("compile")  # the job's effective torch.compile setting (rounds as one call)
+    rounds = [{"mode": mode, "point": point, "name": row["name"], "drafting": row["drafting"], **r}
+              for r in round_rows(stats, int(batch), n_tokens, row["name"] == "vanilla", bool(row["compiled"]))]
+    row.update(dict.fromkeys(["round_cost_ar_b1", "round_cost_ar_b1_se", "round_cost_ar_in_job",
+                              "round_cost_ar_in_job_se"], math.nan))
+    for r in rounds:  # the sweep's two in-job round costs, beside their speed-ups (relative.py picks the headline)
+        key = "round_cost_ar_b1" if r["batch_size"] == 1 else "round_cost_ar_in_job"
+        row.update({key: r["round_cost_ar"], f"{key}_se": r["round_cost_ar_se"]})
+        if int(batch) == 1:
+            row.update(round_cost_ar_in_job=r["round_cost_ar"], round_cost_ar_in_job_se=r["round_cost_ar_se"])
     sampling = manifest.get("sampling", {})
     # top_k / top_p of the sampler are named apart from method parameters of the same name (a dynamic tree's top_k)
     row.update({"cfg_scale": sampling.get("cfg_scale"), "temperature": sampling.get("temperature"),
@@ -179,7 +195,32 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
         depth_rows = pd.DataFrame({"mode": mode, "point": point, "name": row["name"], "drafting": row["drafting"],
                                    "depth": np.arange(len(counts)), "steps": counts,
                                    "fraction": counts / counts.sum()}, columns=DEPTH_COLUMNS)
-    return row, positions, depth_rows
+    return row, positions, depth_rows, rounds
+
+
+def round_rows(stats: pd.DataFrame, batch: int, n_tokens: int, plain: bool, compiled: bool) -> list[dict]:
+    """rounds.csv's rows of one point: per batch size its images were timed at (the job's, and batch 1 for the images
+    decoded alone, `--latency-images`), speed.round_anatomy over the images and plain-AR reference its in-job
+    speed-up is taken on. Plain AR (`plain`) is its own reference: a round of it is a token, round_cost_ar = 1 by
+    definition (its standard error left empty). A round run as one compiled call has no draft section (speculative.py
+    times the call as verify): its split is "one call" and only its total means anything."""
+    batched = stats[~decoded_alone(stats)]
+    groups = [(batch, batched, "time_total_s", IN_JOB_REFERENCE, True, True)]
+    if batch > 1 and ALONE in stats and stats[ALONE].notna().any():
+        alone = stats[stats[ALONE].notna()]  # a job before 2026-11-27 decoded them in its batches too: no sections
+        groups.insert(0, (1, alone, ALONE, ALONE_REFERENCE, False, bool(decoded_alone(alone).all())))
+    out = []
+    for size, rows, time, reference, paired, sections in groups:
+        if rows.empty:
+            continue
+        r = round_anatomy(rows, time, None if plain else reference, paired, n_tokens, sections)
+        if plain:
+            r.update(round_cost_ar=1.0, round_cost_ar_se=math.nan)
+        split = "sections" if sections else "none"
+        if sections and compiled and not plain and rows["time_draft_s"].sum() == 0:
+            split = "one call"
+        out.append({"batch_size": size, **r, "split": split})
+    return out
 
 
 def batch_latency(stats: pd.DataFrame, per_image: np.ndarray, batch: int) -> dict:
@@ -231,7 +272,7 @@ def order_key(row) -> tuple:
 
 
 def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_tolerance: float = 0.1
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     if not shard_dirs:
         raise UserError("no shards given; pass --shards results/gen/{mode}/{point}/shard{j} ...")
     groups: dict[tuple[str, str], list] = {}
@@ -246,9 +287,10 @@ def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_toleranc
     if orphans:
         raise UserError(f"metrics for {'/'.join(orphans[0])} but no generation shards of it; pass its shards too")
 
-    rows, positions, depths, metric_cols = [], [], [], dict.fromkeys(QUALITY_COLUMNS)
+    rows, positions, depths, rounds, metric_cols = [], [], [], [], dict.fromkeys(QUALITY_COLUMNS)
     for (mode, point), shards in groups.items():
-        row, pos, dep = point_rows(mode, point, shards)
+        row, pos, dep, rnd = point_rows(mode, point, shards)
+        rounds += rnd
         check_counts(mode, point, row["n_images"], metrics.get((mode, point), {}))
         for key, value in metrics.get((mode, point), {}).items():
             key = f"metrics_{key}" if key in row else key
@@ -269,7 +311,8 @@ def sweep_table(shard_dirs: list[Path], metric_files: list[Path], speed_toleranc
     positions = keys.merge(pd.concat(positions, ignore_index=True), on=["mode", "point"])
     depths = (keys.merge(pd.concat(depths, ignore_index=True), on=["mode", "point"]) if depths
               else pd.DataFrame(columns=DEPTH_COLUMNS))
-    return sweep, positions, depths
+    rounds = keys.merge(pd.DataFrame(rounds, columns=ROUND_COLUMNS), on=["mode", "point"])
+    return sweep, positions, depths, rounds
 
 
 def check_counts(mode: str, point: str, n_images: int, metrics: dict) -> None:
@@ -325,7 +368,9 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
              "an in-job speed-up's ± is its bootstrap standard error over the timed images, the job's own spread "
              "(between days the machine moves speed-ups further); across-jobs speed-up = per-image time of the "
              "vanilla point / of the method (two jobs: load and placement differ); step compression = target forwards of vanilla / of the "
-             f"method. † marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
+             "method; round cost = τ / in-job speed-up, what one round (one target forward) costs in plain-AR "
+             "tokens timed in the same job, ± its bootstrap SE (plain AR: 1 by definition). "
+             f"† marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
              "the difference (bootstrap over the generated images; CLIP: per-image SEM; class accuracy: binomial); "
              "unmarked differences are within noise.", ""]
     digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
@@ -334,6 +379,7 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
               "class_accuracy": (p.fraction_digits, False)}
     for mode, part in sweep.groupby("mode", sort=False):
         speed = speed_columns(part)
+        speed = {h: c for h, c in speed.items() if c in ROUND_COSTS} | cost_columns(speed) | speed  # in-job first
         lines += [f"## {mode}", "",
                   "| Method | Setting | τ (incl. bonus) | " + " | ".join(speed) +
                   " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Class acc. ↑ | Images |",
@@ -379,9 +425,20 @@ def modes_side_by_side(sweep: pd.DataFrame, p: TableParams) -> list[str]:
 
 
 def speed_cell(row, column: str) -> str:
-    """A speed-up with its standard error where it has one (the in-job columns: `{column}_se`)."""
+    """A speed-up or round cost with its standard error where it has one (the in-job columns: `{column}_se`)."""
     se = row.get(f"{column}_se")
-    return _fmt(row[column], 2, "×") + (f" ± {se:.2f}" if se is not None and pd.notna(se) else "")
+    unit = "" if column.startswith("round_cost") else "×"
+    return _fmt(row.get(column), 2, unit) + (f" ± {se:.2f}" if se is not None and pd.notna(se) else "")
+
+
+# an in-job speed-up column -> the round cost taken with it (tau / that speed-up)
+ROUND_COSTS = {"speedup_b1_in_job": "round_cost_ar_b1", "speedup_vs_in_job_vanilla": "round_cost_ar_in_job"}
+
+
+def cost_columns(speed: dict[str, str]) -> dict[str, str]:
+    """header -> column of a mode's round costs in plain-AR tokens, one per in-job speed-up it shows."""
+    return {header.replace("In-job speed-up", "Round cost (AR tokens)"): ROUND_COSTS[column]
+            for header, column in speed.items() if column in ROUND_COSTS}
 
 
 def speed_columns(part: pd.DataFrame) -> dict[str, str]:
@@ -463,7 +520,7 @@ def parse_args(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", nargs="+", required=True, help="shard folders <outdir>/gen/{mode}/{point}/shard{j}")
     ap.add_argument("--metrics", nargs="*", default=[], help="metrics files <outdir>/metrics/{mode}/{point}.json")
-    ap.add_argument("--out", required=True, help="folder for sweep.csv, positions.csv, depths.csv, summary.md")
+    ap.add_argument("--out", required=True, help="folder for sweep.csv, positions.csv, depths.csv, rounds.csv, summary.md")
     ap.add_argument("--worlds", nargs="*", default=[], help="toy worlds' ambiguity tables <outdir>/toy/{world}/"
                     "ambiguity.csv, summarised at the end of summary.md")
     ap.add_argument("--params", default=None, help="TableParams overrides (JSON/YAML or file)")
@@ -478,11 +535,13 @@ def main(argv: list[str]) -> None:
         if key not in known:
             raise UserError(f"--params: unknown key {key!r}; allowed: {', '.join(sorted(known))}")
     p = TableParams(**raw)
-    sweep, positions, depths = sweep_table([Path(s) for s in a.shards], [Path(m) for m in a.metrics], p.speed_tolerance)
+    sweep, positions, depths, rounds = sweep_table([Path(s) for s in a.shards], [Path(m) for m in a.metrics],
+                                                   p.speed_tolerance)
     out = Path(a.out)
     write_csv(sweep, out / "sweep.csv")
     write_csv(positions, out / "positions.csv")
     write_csv(depths, out / "depths.csv")
+    write_csv(rounds, out / "rounds.csv")
     with atomic_path(out / "summary.md") as tmp:
         worlds = world_lines([Path(w) for w in a.worlds], p) if a.worlds else []
         tmp.write_text("\n".join([summary_markdown(sweep, p), *([""] + worlds if worlds else [])]))
