@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
-from lantern.engine.models.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
+from lantern.engine.models.model import GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
 from lantern.params import check_device_name
 
 CONTAINERS = ("model", "module", "state_dict")
