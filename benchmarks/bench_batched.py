@@ -27,7 +27,7 @@ import torch
 from lantern.engine import methods
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.decoding.chain import Chain
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import Drafter, load_drafter
 from lantern.engine.decoding.generate import generate
 from lantern.engine.decoding.jacobi import Jacobi

@@ -29,7 +29,8 @@ import torch
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.engine.decoding.chain import Chain
 from lantern.engine.decoding.speculative import decode
-from lantern.engine.models.checkpoint import load_gpt, parse_device, parse_dtype
+from lantern.engine.models.checkpoint import parse_device, parse_dtype
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import Drafter, load_drafter
 from lantern.engine.decoding.generate import generate
 from lantern.engine.models.model import GPT, ModelArgs, named_args, num_params

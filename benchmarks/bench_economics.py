@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from lantern.engine.models.checkpoint import load_gpt, parse_device, parse_dtype
+from lantern.engine.models.checkpoint import parse_device, parse_dtype
+
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import Drafter, load_drafter
 from lantern.engine.models.model import GPT, ModelArgs, named_args, num_params
 from lantern.engine.rules.acceptance import AcceptRule

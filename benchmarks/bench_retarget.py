@@ -31,7 +31,7 @@ import torch
 
 from lantern.engine import methods
 from lantern.engine.rules import retarget as module
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.rules.neighbours import NeighbourParams, build_table, read_codebook
 from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.io import save_torch

@@ -21,7 +21,7 @@ import torch
 from lantern.engine.decoding import chain as chain_module
 from lantern.engine import methods as registry
 from lantern.engine.rules.acceptance import accept_probability, residual
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import load_drafter
 from lantern.engine.rules.neighbours import load_neighbours, read_codebook
 from lantern.engine.decoding.sampling import SamplingParams, image_generator

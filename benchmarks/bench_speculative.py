@@ -23,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lantern.engine.models.checkpoint import load_gpt, parse_device
+from lantern.engine.models.checkpoint import parse_device
+
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import load_drafter
 from lantern.errors import UserError
 from lantern.engine.decoding.generate import generate

@@ -17,7 +17,7 @@ import itertools
 
 import torch
 
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.errors import UserError
 from lantern.metrics.ambiguity import class_log_likelihoods
 from lantern.worlds.toy.data import CLASS_NAMES

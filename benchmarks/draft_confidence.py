@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from lantern.engine.decoding.rounds import batch_probs
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import load_drafter, target_states
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.pipeline.train_drafter import self_generate

@@ -193,10 +193,10 @@ def measure(world: Path, images: int, cfgs: list[float], seed: int, batch: int, 
             grid: list | None = None) -> list[dict]:
     """Every (mode, CFG, group) row of COLUMNS; `grid` (a list) gets each (mode, CFG)'s first image of every
     class, decoded (uint8 [classes, 3, H, W])."""
-    from lantern.engine.models.checkpoint import load_gpt
+    from lantern.worlds.llamagen.upstream import load_gpt
     from lantern.engine.models.drafter import load_drafter
     from lantern.engine.rules.neighbours import read_codebook
-    from lantern.engine.models.vq import load_vq
+    from lantern.worlds.llamagen.upstream import load_vq
     from lantern.metrics.classifier import accuracy_se, load_classifier, predict
     from lantern.metrics.proximity import decode
 

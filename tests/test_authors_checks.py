@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.errors import UserError
 from lantern.pipeline.config import validate_config
 from lantern.worlds.llamagen.convert import main as convert

@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from lantern.engine.models.checkpoint import (
-    Found, extract_state_dict, load_gpt, load_weights, parse_spec, read_checkpoint, resolve_spec, save_checkpoint,
+    Found, extract_state_dict, load_weights, parse_spec, read_checkpoint, resolve_spec, save_checkpoint,
 )
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.errors import UserError
 from lantern.engine.decoding.generate import generate
 from lantern.engine.decoding.sampling import SamplingParams, image_generator

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from lantern.engine.models.checkpoint import load_gpt, read_checkpoint, save_checkpoint
+from lantern.engine.models.checkpoint import read_checkpoint, save_checkpoint
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.models.drafter import load_drafter
 from lantern.errors import UserError
 from lantern.worlds.llamagen.convert import main

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from lantern.engine.models import vq
 from lantern.worlds.toy import tokenize
 from lantern.metrics import ambiguity
 from lantern.worlds.toy import data, train_gpt, train_vq
-from lantern.engine.models.checkpoint import load_gpt, read_checkpoint
+from lantern.engine.models.checkpoint import read_checkpoint
+from lantern.worlds.llamagen.upstream import load_gpt, load_vq
 from lantern.errors import UserError
 from lantern.worlds.toy.train_vq import cosine_lr
 
@@ -47,7 +47,7 @@ def test_tokenize_outputs(world):
     ref = data.load_data(world / "val.pt")
     assert tok["tokens"].shape == (32, 64) and tok["tokens"].dtype == torch.long and tok["codebook_size"] == 64
     assert torch.equal(tok["labels"], ref["labels"]) and tok["captions"] == ref["captions"]
-    model = vq.load_vq(world / "vq.pt")
+    model = load_vq(world / "vq.pt")
     assert torch.equal(tok["tokens"][:4], model.encode(data.to_unit(ref["images"][:4])))
 
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from lantern.engine.models.checkpoint import save_checkpoint
 from lantern.errors import UserError
 from lantern.worlds.toy.train_vq import VQParams, restart_dead_codes
-from lantern.engine.models.vq import VQ_CONFIGS, VQModel, load_vq
+from lantern.engine.models.vq import VQ_CONFIGS, VQModel
+from lantern.worlds.llamagen.upstream import load_vq
 
 # ---- the VQ-16 state dict as listed in shared/reference/llamagen-format.md, spelled out by hand ----------------
 

@@ -39,7 +39,8 @@ def tiny_vq() -> VQModel:
 
 def write_files(root: Path) -> dict[str, str]:
     """c2i_tiny.pt, vq_tiny.pt, drafter_tiny.pt and authors_drafter/ under root; their paths by llamagen key."""
-    from lantern.engine.models.checkpoint import load_gpt, save_checkpoint
+    from lantern.engine.models.checkpoint import save_checkpoint
+    from lantern.worlds.llamagen.upstream import load_gpt
     from lantern.engine.models.drafter import Drafter, save_drafter
     from llamagen_world import write_authors_drafter
 
@@ -82,7 +83,8 @@ def write_released_like(root: Path) -> dict[str, str]:
     """Stand-ins for the released files docs/python.md names: the GPT as upstream ships it ({"model": state_dict},
     no config), the VQ (its small widths as an `args` entry), a drafter of this project for the GPT, and the
     LANTERN authors' drafter layout."""
-    from lantern.engine.models.checkpoint import load_gpt, save_checkpoint
+    from lantern.engine.models.checkpoint import save_checkpoint
+    from lantern.worlds.llamagen.upstream import load_gpt
     from lantern.engine.models.drafter import Drafter, save_drafter
     from llamagen_world import VQ_ARGS, write_authors_drafter
 

@@ -146,10 +146,9 @@ def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", nei
     codebook on first use, with `neighbours_k` columns (default: the config's neighbours.max_k, 200). On CUDA it
     turns on the pipeline's deterministic kernels for the process (pipeline/determinism.py), as `load_llamagen`
     does. Returns a `World`."""
-    from lantern.engine.models.checkpoint import load_gpt
     from lantern.engine.models.drafter import load_drafter
-    from lantern.engine.models.vq import load_vq
     from lantern.hparams import CLASS_NAMES
+    from lantern.worlds.llamagen.upstream import load_gpt, load_vq
 
     if name != "toy":
         raise UserError(f"world {name!r} is not shipped; use load_world('toy'), or load_llamagen(gpt_ckpt=..., "
@@ -166,141 +165,46 @@ def load_world(name: str = "toy", device: str = "auto", dtype: str = "fp32", nei
                  class_names=CLASS_NAMES[: target.args.num_classes])
 
 
-def _upstream_spec(model: nn.Module) -> dict:
-    """The target spec an upstream `Transformer` states in its attributes (its `config`, a ModelArgs)."""
-    config = getattr(model, "config", None)
-    if config is None:
-        return {}
-    for key, want in (("n_kv_head", None), ("ffn_dim_multiplier", None)):
-        if getattr(config, key, want) != want:
-            raise UserError(f"gpt_ckpt: the model's config sets {key} = {getattr(config, key)}; LlamaGen's released "
-                            "GPTs leave it None, and lantern's GPT implements only that")
-    spec = {"model_type": getattr(config, "model_type", None), "image_tokens": getattr(config, "block_size", None),
-            "cls_token_num": getattr(config, "cls_token_num", None)}
-    if all(isinstance(getattr(config, k, None), int) for k in ("dim", "n_layer", "n_head")):
-        spec["gpt_size"] = {k: getattr(config, k) for k in ("dim", "n_layer", "n_head")}
-    if spec["model_type"] == "c2i":
-        spec["num_classes"] = getattr(config, "num_classes", None)
-        spec["cls_token_num"] = None  # upstream keeps its default 1 or 120 here; c2i has one condition token
-    return spec
-
-
 def _gpt(source, spec: dict, dtype: str, where: torch.device):
-    """A GPT from an upstream file, our own file, or a model object in memory (upstream's `Transformer` or ours):
-    the object's state dict goes through the same shape checks and key mapping as a file (no file round trip)."""
-    from dataclasses import replace
-
-    from lantern.engine.models.checkpoint import load_gpt, load_weights, no_init, parse_spec, target_args
+    """A GPT from an upstream file, our own file, the authors' HF target, or a model object in memory (upstream's
+    `Transformer` or ours): each layout's reader (worlds/llamagen/) gives (args, state dict), the engine builds it."""
+    from lantern.engine.models.checkpoint import build
     from lantern.engine.models.model import GPT
+    from lantern.worlds.llamagen import hf, upstream
 
-    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        return _authors_gpt(Path(source), spec, dtype, where)
-    if not isinstance(source, nn.Module):
-        return load_gpt(_file(source, "gpt_ckpt"), spec=spec or None, dtype=dtype, device=str(where))
-    what = f"gpt_ckpt (a {type(source).__name__} object)"
-    sd = source.state_dict()
-    if "tok_embeddings.weight" not in sd:
-        raise UserError(f"{what} is not a LlamaGen GPT: it has no tok_embeddings.weight; pass upstream's "
-                        "Transformer (GPT_models[...]) as gpt_ckpt and its VQModel as vq_ckpt")
-    if isinstance(source, GPT):
-        args = target_args({"args": source.args.to_dict()}, sd, parse_spec(spec), what)
+    if isinstance(source, nn.Module):
+        what = f"gpt_ckpt (a {type(source).__name__} object)"
+        args, sd = upstream.read_gpt_object(source, spec, what)
+    elif isinstance(source, (str, os.PathLike)) and hf.is_authors_target(source):
+        what = Path(source)
+        if not ((what if what.is_dir() else what.parent) / "config.json").is_file():
+            raise UserError(f"gpt_ckpt {what} is a folder without config.json; give an upstream GPT file, or the "
+                            "authors' HF target folder (config.json + weights)")
+        try:  # the reader names its input --src, as `lantern convert` calls it
+            args, sd = hf.read_authors_target(what, spec)
+        except UserError as e:
+            raise UserError(f"gpt_ckpt (the authors' HF target): {e}") from None
     else:
-        stated = parse_spec({k: v for k, v in _upstream_spec(source).items() if v is not None})
-        for key, value in parse_spec(spec).items():  # the object's own config has the last word: agree with it
-            theirs = stated.get(key)
-            if key == "gpt_size" and theirs is not None:  # a name or {dim, n_layer, n_head}: compare the numbers
-                same = all(value[k] == theirs[k] for k in ("dim", "n_layer", "n_head"))
-                value, theirs = value["text"], value["text"] if same else theirs["text"]
-            if theirs is not None and value != theirs:
-                raise UserError(f"{what} states {key} = {theirs} in its config, but llamagen.{key} = {value}; "
-                                f"leave {key} out (the object's config says it)")
-        args = target_args({}, sd, stated, what)
-        config = getattr(source, "config", None)
-        numerics = {k: float(getattr(config, k)) for k in ("norm_eps", "rope_base") if hasattr(config, k)}
-        args = replace(args, **numerics)
-    with no_init():
-        model = GPT(args)
-    load_weights(model, {k: v.detach() for k, v in sd.items()}, what)
-    from lantern.engine.models.checkpoint import parse_dtype
-
-    return model.to(device=where, dtype=parse_dtype(dtype)).eval()
-
-
-def _authors_gpt(folder: Path, spec: dict, dtype: str, where: torch.device):
-    """The LANTERN authors' HF-format target folder (config.json + weights), converted in memory as `lantern convert
-    --kind target` converts it: their keys renamed to upstream's, config.json's spec under the user's, its norm eps
-    and RoPE base kept."""
-    from dataclasses import replace
-
-    from lantern.engine.models.checkpoint import load_weights, no_init, parse_dtype, parse_spec, target_args
-    from lantern.engine.models.model import GPT
-    from lantern.worlds.llamagen.convert import (check_stated_tokens, check_target, config_numerics, config_spec,
-                                                 read_hf, target_state_dict)
-
-    if not (folder / "config.json").is_file():
-        raise UserError(f"gpt_ckpt {folder} is a folder without config.json; give an upstream GPT file, or the "
-                        "authors' HF target folder (config.json + weights)")
-    try:  # the converter names its input --src
-        hf, config = read_hf(folder)
-        sd = target_state_dict(hf)
-        stated = config_spec(config, sd)
-        check_stated_tokens(stated, spec)
-        args = target_args({}, sd, parse_spec({**stated, **spec}), folder)  # the user's spec has the last word
-        check_target(sd, args)
-    except UserError as e:
-        raise UserError(f"gpt_ckpt (the authors' HF target): {e}") from None
-    args = replace(args, **config_numerics(config))
-    with no_init():
-        model = GPT(args)
-    load_weights(model, sd, folder)
-    return model.to(device=where, dtype=parse_dtype(dtype)).eval()
-
-
-def _vq_args_of(model: nn.Module, sd: dict):
-    """VQArgs of an upstream VQModel object, read from its tensors' shapes and its GroupNorm layers."""
-    from lantern.engine.models.vq import VQArgs, encoder_levels
-
-    levels = encoder_levels(sd)
-    if not levels:
-        return None
-    ch = sd["encoder.conv_in.weight"].shape[0]
-    mult = tuple(sd[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels))
-
-    def count(prefix: str, level: int) -> int:  # res blocks of one level: <prefix>.conv_blocks.<level>.res.<j>...
-        return len({k.split(".")[4] for k in sd if k.startswith(f"{prefix}.conv_blocks.{level}.res.")})
-
-    groups = next((m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)), 32)
-    codes, dim = sd["quantize.embedding.weight"].shape
-    config = getattr(model, "config", None)
-    return VQArgs(codebook_size=codes, codebook_embed_dim=dim,
-                  codebook_l2_norm=bool(getattr(config, "codebook_l2_norm", True)), ch=ch, ch_mult=mult,
-                  z_channels=sd["quant_conv.weight"].shape[1], norm_groups=groups,
-                  enc_res_blocks=tuple(count("encoder", i) for i in range(levels)),
-                  dec_res_blocks=tuple(count("decoder", i) for i in range(levels)),
-                  usage_window=sd["quantize.codebook_used"].shape[0] if "quantize.codebook_used" in sd else 65536)
+        what = _file(source, "gpt_ckpt")
+        args, sd = upstream.read_gpt(what, spec or None)
+    return build(GPT, args, sd, what, dtype, where)
 
 
 def _vq(source, where: torch.device):
     """A VQ from a file, or a VQModel object in memory (ours, or upstream's: its config read from its tensors)."""
-    from lantern.engine.models.checkpoint import load_weights, no_init
-    from lantern.engine.models.vq import VQModel, load_vq
+    from lantern.engine.models.checkpoint import build
+    from lantern.engine.models.vq import VQModel
+    from lantern.worlds.llamagen import upstream
 
-    if not isinstance(source, nn.Module):
-        return load_vq(_file(source, "vq_ckpt"), device=str(where))
-    what = f"vq_ckpt (a {type(source).__name__} object)"
     if isinstance(source, VQModel):
         return source.to(where).eval()
-    sd = {k: v.detach() for k, v in source.state_dict().items()}
-    if "quantize.embedding.weight" not in sd:
-        raise UserError(f"{what} is not a LlamaGen VQ tokenizer: it has no quantize.embedding.weight; pass upstream's "
-                        "VQModel (VQ_models['VQ-16']) as vq_ckpt")
-    args = _vq_args_of(source, sd)
-    if args is None:
-        raise UserError(f"{what} has no encoder.conv_blocks; it is not a LlamaGen VQModel")
-    with no_init():
-        model = VQModel(args)
-    load_weights(model, sd, what)
-    return model.to(where).eval()
+    if isinstance(source, nn.Module):
+        what = f"vq_ckpt (a {type(source).__name__} object)"
+        args, sd = upstream.read_vq_object(source, what)
+    else:
+        what = _file(source, "vq_ckpt")
+        args, sd = upstream.read_vq(what)
+    return build(VQModel, args, sd, what, None, where)
 
 
 def _file(path, key: str) -> str:
@@ -355,14 +259,14 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     if drafter_ckpt:
         drafter = load_drafter(_file(drafter_ckpt, "drafter_ckpt"), target)
     elif authors_drafter:
-        from lantern.worlds.llamagen.convert import convert_drafter, read_hf
+        from lantern.engine.models.drafter import build_drafter
+        from lantern.worlds.llamagen.hf import read_authors_drafter
 
-        try:  # the converter names its input --src
-            drafter = convert_drafter(*read_hf(authors_drafter), target)
+        try:  # the reader names its input --src, as `lantern convert` calls it
+            options, sd = read_authors_drafter(authors_drafter, target.args)
         except UserError as e:
             raise UserError(f"authors_drafter: {e}") from None
-        w = target.output.weight
-        drafter = drafter.to(device=w.device, dtype=w.dtype).requires_grad_(False)
+        drafter = build_drafter(target.args, options, sd, target, authors_drafter)
     # a left-padded caption position's target state, read by the drafter: the authors' rule for their drafter
     target.pad_semantics = "authors" if authors_drafter else "upstream"
     table = None

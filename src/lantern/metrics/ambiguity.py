@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.params import params_from
 from lantern.errors import UserError
 from lantern.hparams import AmbiguityParams
@@ -96,7 +96,7 @@ def measure(model, params: AmbiguityParams, heldout: dict) -> tuple[pd.DataFrame
 @torch.no_grad()
 def class_rows(summary: pd.DataFrame, sources: dict, classifier_path: str, vq_path: str, batch: int) -> pd.DataFrame:
     """The summary with class_accuracy (+ SE) of each (source, CFG scale) row's decoded images."""
-    from lantern.engine.models.vq import load_vq
+    from lantern.worlds.llamagen.upstream import load_vq
     from lantern.metrics.classifier import class_accuracy, load_classifier
     from lantern.metrics.proximity import decode
 
@@ -153,7 +153,7 @@ def world_stats(model, heldout: dict, vq_path: str | None, val_images: str | Non
     if val_images:
         from lantern.worlds.toy import train_vq
         from lantern.worlds.toy.data import load_data
-        from lantern.engine.models.vq import load_vq
+        from lantern.worlds.llamagen.upstream import load_vq
 
         vq = train_vq.evaluate(load_vq(vq_path), load_data(val_images, "--val-images")["images"], batch)
         stats.update({f"vq_{k}": v for k, v in vq.items()})
@@ -165,7 +165,7 @@ def save_grid(vq_path: str, samples: dict, num_classes: int, path: str, per_clas
     samples per CFG scale), to check samples look like their class as far as the VQ allows."""
     from torchvision.utils import make_grid, save_image
 
-    from lantern.engine.models.vq import load_vq
+    from lantern.worlds.llamagen.upstream import load_vq
 
     vq = load_vq(vq_path)
     blocks = []

@@ -40,7 +40,7 @@ from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_features_to_statistics
 
 from lantern.engine.models.checkpoint import parse_device
 from lantern.engine.rules.neighbours import load_neighbours, read_codebook
-from lantern.engine.models.vq import load_vq
+from lantern.worlds.llamagen.upstream import load_vq
 from lantern.errors import UserError
 from lantern.io import atomic_path, load_torch, read_csv, read_structured
 from lantern.metrics.classifier import accuracy_se, load_classifier, predict

@@ -97,7 +97,7 @@ def main(argv: list[str]) -> None:
     num_classes = int(max(labels.max(), val["labels"].max())) + 1
     vq = None
     if a.vq:
-        from lantern.engine.models.vq import load_vq
+        from lantern.worlds.llamagen.upstream import load_vq
 
         vq = load_vq(a.vq).to(device)
     p = use_threads(p)

@@ -143,7 +143,7 @@ def main(argv: list[str]) -> None:
                         f"{p.n_val + p.batch_size}")
     vq = None
     if a.vq:
-        from lantern.engine.models.vq import load_vq
+        from lantern.worlds.llamagen.upstream import load_vq
 
         vq = load_vq(a.vq)
     p = use_threads(p)

@@ -129,13 +129,10 @@ def target_source(cfg: dict) -> str:
     """Where the llamagen target comes from: an upstream-layout file, or the LANTERN authors' HF-format target (its
     folder with config.json and weights, or its model.safetensors / pytorch_model.bin beside that config.json),
     which the convert_target rule converts."""
-    from lantern.worlds.llamagen.convert import INDEX_FILES, WEIGHT_FILES
+    from lantern.worlds.llamagen.hf import is_authors_target
 
-    path = Path(cfg["llamagen"]["gpt_ckpt"]) if cfg["llamagen"]["gpt_ckpt"] else None
-    if path is not None and (path.is_dir() or (path.name in WEIGHT_FILES + INDEX_FILES and
-                                               (path.parent / "config.json").is_file())):
-        return "authors"
-    return "file"
+    path = cfg["llamagen"]["gpt_ckpt"]
+    return "authors" if path and is_authors_target(path) else "file"
 
 
 def _read_json(path: Path, key: str) -> dict:
@@ -150,7 +147,7 @@ def _read_json(path: Path, key: str) -> dict:
 
 def _require_target(cfg: dict) -> None:
     """llamagen.gpt_ckpt: an upstream file, or the authors' HF target with its config.json and weights."""
-    from lantern.worlds.llamagen.convert import INDEX_FILES, WEIGHT_FILES
+    from lantern.worlds.llamagen.hf import INDEX_FILES, WEIGHT_FILES
 
     path = cfg["llamagen"]["gpt_ckpt"]
     if target_source(cfg) == "file":
@@ -174,7 +171,7 @@ def _check_authors_files(cfg: dict) -> None:
     drafter's stage (input_type t2i: stage I, t2i2: stage II)."""
     from types import SimpleNamespace
 
-    from lantern.worlds.llamagen.convert import check_drafter_config
+    from lantern.worlds.llamagen.hf import check_drafter_config
 
     lg = cfg["llamagen"]
     want = SimpleNamespace(model_type=lg["model_type"], image_tokens=image_tokens(cfg), rope_base=10000.0)
@@ -389,9 +386,8 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
     """What the jobs would refuse in the llamagen world's files, found before any job: the GPT must be a LlamaGen GPT
     that agrees with the llamagen keys and the VQ's codebook, and a drafter file must be a drafter for it. Only the
     files' headers are read (the tensors stay on disk, memory-mapped); the VQ's codebook was read with the methods."""
-    from lantern.engine.models.checkpoint import extract_state_dict, parse_spec, target_args, wrong_kind
     from lantern.engine.models.drafter import check_drafter_target, read_drafter
-    from lantern.io import load_torch
+    from lantern.worlds.llamagen.upstream import read_gpt
 
     lg = cfg["llamagen"]
     _check_authors_files(cfg)
@@ -399,10 +395,7 @@ def _check_llamagen_checkpoints(cfg: dict) -> None:
         return  # the convert_target rule checks its tensors (config.json's kind, grid and vocabulary were checked)
     path = lg["gpt_ckpt"]
     try:
-        obj = load_torch(path, "checkpoint", mmap=True)
-        if error := wrong_kind(obj, path, "LlamaGen GPT"):  # a drafter file holds no state dict: name its kind first
-            raise error
-        args = target_args(obj, extract_state_dict(obj, path), parse_spec(target_spec(cfg)), path)
+        args, _ = read_gpt(path, target_spec(cfg), mmap=True)
     except UserError as e:
         raise UserError(f"config: llamagen.gpt_ckpt: {e}") from None
     codes = codebook_size(cfg)

@@ -39,18 +39,16 @@ def _prefixed(key: str, e: UserError, flag: str = "") -> UserError:
 def check_vq_downsample(cfg: dict) -> None:
     """llamagen.downsample against the VQ file (stored VQArgs, or an upstream file's encoder levels): a VQ-16 file
     with downsample 8 (or the reverse) would make token grids of the wrong size."""
-    from lantern.engine.models.checkpoint import extract_state_dict
-    from lantern.engine.models.vq import encoder_levels, file_args
-    from lantern.io import load_torch
+    from lantern.engine.models.vq import encoder_levels
+    from lantern.worlds.llamagen.upstream import read_vq
 
     lg = cfg["llamagen"]
     path = lg["vq_ckpt"]
     try:
-        obj = load_torch(path, "checkpoint", mmap=True)
-        sd = extract_state_dict(obj, path)
-        if not isinstance(obj.get("args"), dict) and not encoder_levels(sd):
+        args, sd = read_vq(path, mmap=True)
+        if not encoder_levels(sd):
             return  # a codebook without its encoder says nothing of the downsampling
-        found = file_args(obj, sd, path).downsample
+        found = args.downsample
     except UserError as e:
         raise _prefixed("llamagen.vq_ckpt", e) from None
     if found != lg["downsample"]:
@@ -64,25 +62,16 @@ def _target_args(cfg: dict, spec: dict, authors_target: bool = False):
     """The target's ModelArgs from the headers of llamagen.gpt_ckpt: an upstream file, or the authors' HF target
     (folder or weights beside its config.json), read as `lantern convert --kind target` reads it, which the
     convert_target rule runs before any job that loads it."""
-    from lantern.engine.models.checkpoint import extract_state_dict, parse_spec, target_args
+    from lantern.worlds.llamagen.hf import read_authors_target
+    from lantern.worlds.llamagen.upstream import read_gpt
 
     path = cfg["llamagen"]["gpt_ckpt"]
     if authors_target:
-        from dataclasses import replace
-
-        from lantern.worlds.llamagen.convert import config_numerics, config_spec, read_hf, target_state_dict
-
         try:
-            hf, config = read_hf(path, shapes_only=True)
-            sd = target_state_dict(hf)
-            args = target_args({}, sd, parse_spec({**config_spec(config, sd), **spec}), path)
+            return read_authors_target(path, spec, shapes_only=True)[0]
         except UserError as e:
             raise _prefixed("llamagen.gpt_ckpt", e, "--src") from None
-        return replace(args, **config_numerics(config))
-    from lantern.io import load_torch
-
-    obj = load_torch(path, "checkpoint", mmap=True)
-    return target_args(obj, extract_state_dict(obj, path), parse_spec(spec), path)
+    return read_gpt(path, spec, mmap=True)[0]
 
 
 def _prompt_rows(cfg: dict) -> list[tuple[str, str]]:
@@ -133,13 +122,12 @@ def check_prompts_and_t5(cfg: dict) -> None:
 def check_authors_drafter(cfg: dict, spec: dict, authors_target: bool = False) -> None:
     """The authors' drafter folder or file: its weights present, their keys and shapes those of a drafter for the
     configured target (headers only), which may be the authors' HF target too (`authors_target`)."""
-    from lantern.worlds.llamagen.convert import check_authors_drafter as check, read_hf
+    from lantern.worlds.llamagen.hf import read_authors_drafter
 
     path = cfg["llamagen"]["authors_drafter"]
     args = _target_args(cfg, spec, authors_target)  # a GPT already checked by validate_config
     try:
-        theirs, config = read_hf(path, shapes_only=True)
-        check(theirs, config, args)
+        read_authors_drafter(path, args, shapes_only=True)
     except UserError as e:
         raise _prefixed("llamagen.authors_drafter", e, "--src") from None
 

@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 from lantern import __version__
-from lantern.engine.models.checkpoint import load_gpt, parse_device
+from lantern.engine.models.checkpoint import parse_device
 from lantern.engine.decoding.compiled import resolve
 from lantern.pipeline.determinism import configure as configure_determinism, settings as determinism_settings
 from lantern.engine.methods import build_decoder, normalize, point_name, speculative
@@ -41,6 +41,7 @@ from lantern.engine.decoding.sampling import SamplingParams, image_generator, im
 from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
 from lantern.metrics.shards import RECORD, image_record
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
 from lantern.pipeline.progress import Progress
 
@@ -305,7 +306,7 @@ def main(argv: list[str]) -> None:
             raise not_a_file(what, path)
     spec = read_structured(a.target_spec, "--target-spec")
 
-    from lantern.engine.models.vq import load_vq
+    from lantern.worlds.llamagen.upstream import load_vq
 
     decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile,
                       a.pad_semantics)

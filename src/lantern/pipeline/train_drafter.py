@@ -387,7 +387,8 @@ def _take(cond, rows: Tensor):
 
 # -- CLI ----------------------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> None:
-    from lantern.engine.models.checkpoint import load_gpt, parse_device
+    from lantern.engine.models.checkpoint import parse_device
+    from lantern.worlds.llamagen.upstream import load_gpt
     from lantern.pipeline.determinism import configure as configure_determinism
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)

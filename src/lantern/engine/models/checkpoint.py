@@ -1,4 +1,5 @@
-"""Checkpoint I/O in the upstream LlamaGen containers, with strict, readable key checking.
+"""Checkpoint I/O in the upstream LlamaGen containers, with strict, readable key checking, and `build`, the one place
+a model is made from what a layout's reader returns (the readers: lantern.worlds.<family>, e.g. llamagen/upstream.py).
 
 Upstream files are {"model": state_dict} (B / L / XL and the VQ), or the raw consolidated state dict (XXL, 3B);
 some trainers wrap it as "module" or "state_dict". Our own files add an "args" entry holding the model config,
@@ -20,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from lantern.errors import UserError
 from lantern.io import load_torch, save_torch
-from lantern.engine.models.model import GPT, GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
+from lantern.engine.models.model import GPT_SIZES, UPSTREAM_CAPTION_TOKENS, ModelArgs, find_multiple
 from lantern.params import check_device_name
 
 CONTAINERS = ("model", "module", "state_dict")
@@ -373,20 +374,13 @@ def target_args(obj: dict, sd: dict[str, torch.Tensor], spec: dict, path):
     return ModelArgs(vocab_size=found.vocab_size, multiple_of=found.multiple_of, **extra, **resolved)
 
 
-def load_gpt(path: str | os.PathLike, spec=None, dtype: str = "fp32", device: str = "cpu"):
-    """Load a LlamaGen GPT, ours (args inside) or upstream (weights only: the config is the spec plus the shapes).
-
-    spec: a target spec dict (parse_spec), checked against the checkpoint; or a ModelArgs, built exactly as given.
-    """
-    torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
-    parsed = None if isinstance(spec, ModelArgs) else parse_spec(spec)
-    obj = read_checkpoint(path)
-    error = wrong_kind(obj, path, "LlamaGen GPT")  # before the state dict: a drafter file has none
-    if error:
-        raise error
-    sd = extract_state_dict(obj, path)
-    args = spec if parsed is None else target_args(obj, sd, parsed, path)
+def build(make, args, sd: dict[str, torch.Tensor], path, dtype: str | None = "fp32", device="cpu") -> nn.Module:
+    """The one place a model is made from a reader's (spec, state dict): `make(args)` built without initialisation,
+    every key and shape of `sd` checked against it (one line naming the file and the keys), then placed on `device`
+    (a name or a torch.device) in `dtype` (None: as built) and put in eval mode. Every layout's reader ends here."""
+    torch_dtype = None if dtype is None else parse_dtype(dtype)
+    where = device if isinstance(device, torch.device) else parse_device(device)
     with no_init():
-        model = GPT(args)
+        model = make(args)
     load_weights(model, sd, path)
-    return model.to(device=torch_device, dtype=torch_dtype).eval()
+    return model.to(device=where, dtype=torch_dtype).eval()

@@ -264,16 +264,22 @@ def load_drafter(path: str | Path, target: GPT) -> Drafter:
     """A drafter for `target`, on its device and dtype; a drafter trained for another target is a UserError."""
     obj = read_drafter(path)
     check_drafter_target(obj, target.args.to_dict(), path)
-    saved = obj["target_args"]
     try:
         options = DrafterOptions(**obj.get("options", {}))
-        args = ModelArgs(**saved)
+        args = ModelArgs(**obj["target_args"])
     except TypeError as e:
         raise UserError(f"drafter {path} has an unusable config or options ({e}); rewrite it with this version of "
                         "lantern") from None
+    return build_drafter(args, options, obj["drafter"], target, path)
+
+
+def build_drafter(args: ModelArgs, options: DrafterOptions, sd: dict[str, Tensor], target: GPT, path) -> Drafter:
+    """The one place a drafter is made from (its target's args, options, its stored weights): ours (load_drafter) or
+    a reader's (the LANTERN authors' drafter, worlds/llamagen/hf.py), on the target's device and dtype, with the
+    target's frozen head (and embedding, unless its own) copied in."""
     drafter = Drafter(args, options)
     try:
-        missing = drafter.load_state_dict(obj["drafter"], strict=False).missing_keys
+        missing = drafter.load_state_dict(sd, strict=False).missing_keys
     except RuntimeError as e:  # a tensor of the wrong shape
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()[:200]
         raise UserError(f"drafter {path} does not fit its own target config ({first}); rewrite it") from None
@@ -284,5 +290,3 @@ def load_drafter(path: str | Path, target: GPT) -> Drafter:
     drafter = drafter.to(device=w.device, dtype=w.dtype)
     drafter.copy_frozen(target)
     return drafter.eval().requires_grad_(False)
-
-

@@ -307,20 +307,3 @@ def file_args(obj: dict, sd: dict, path) -> VQArgs:
                         f"upstream LlamaGen VQs are {', '.join(VQ_CONFIGS)} ({len(VQ_CONFIGS['VQ-16'].ch_mult)} or "
                         f"{len(VQ_CONFIGS['VQ-8'].ch_mult)} levels)")
     return known[2 ** (levels - 1)] if levels else VQ_CONFIGS["VQ-16"]
-
-
-def load_vq(path, args: VQArgs | None = None, device: str = "cpu") -> VQModel:
-    """Load a VQ checkpoint. Our files carry their VQArgs; an upstream file's are read from its tensors."""
-    from lantern.engine.models.checkpoint import extract_state_dict, load_weights, no_init, parse_device, \
-        read_checkpoint, wrong_kind
-
-    obj = read_checkpoint(path)
-    error = wrong_kind(obj, path, "VQ tokenizer")
-    if error:
-        raise error
-    sd = extract_state_dict(obj, path)
-    args = args or file_args(obj, sd, path)
-    with no_init():
-        model = VQModel(args)
-    load_weights(model, sd, path)
-    return model.to(parse_device(device)).eval()

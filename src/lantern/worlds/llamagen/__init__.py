@@ -1,2 +1,3 @@
-"""The real-model world: published LlamaGen checkpoints, text conditions (prompts, T5 caption features), real-image
-drafter data and converters for the LANTERN authors' files."""
+"""The real-model world: published LlamaGen checkpoints and the LANTERN authors' files, each released layout read by
+one reader (upstream.py, hf.py; named in lantern.worlds.layouts), text conditions (prompts, T5 caption features)
+and real-image drafter data."""

@@ -123,7 +123,7 @@ def shard_range(start: int, end: int, count: int, root: Path) -> tuple[int, int]
 
 def main(argv: list[str]) -> None:
     from lantern.engine.models.checkpoint import parse_device
-    from lantern.engine.models.vq import load_vq
+    from lantern.worlds.llamagen.upstream import load_vq
 
     ap = argparse.ArgumentParser(prog="lantern encode-images", description=__doc__.split("\n")[0])
     ap.add_argument("--images", required=True, help="image folder")

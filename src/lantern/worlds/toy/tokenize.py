@@ -7,7 +7,7 @@ import argparse
 import torch
 from tqdm import tqdm
 
-from lantern.engine.models.vq import load_vq
+from lantern.worlds.llamagen.upstream import load_vq
 from lantern.io import save_torch
 from lantern.worlds.toy.data import load_data, to_unit
 
