@@ -27,11 +27,14 @@ def image_name(i: int) -> str:
     return f"{i:06d}.png"
 
 
-def image_record(shard: Path, start: int, end: int, written: dict[str, str]) -> dict:
+def image_record(shard: Path, start: int, end: int, written: dict[str, str] | None = None) -> dict:
     """The manifest's record of shard images start..end - 1: `written` (name -> sha256 of the bytes encoded when
     each image was written), checked against the files now there, and their sizes. A file that no longer holds its
-    bytes (a crash between write and disk) is one UserError: recording its digest now would make it verify."""
+    bytes (a crash between write and disk) is one UserError: recording its digest now would make it verify.
+    written=None: the files' own digests (a shard assembled by hand)."""
     folder = shard / "images"
+    if written is None:
+        written = {image_name(i): sha256_file(folder / image_name(i)) for i in range(start, end)}
     for i in range(start, end):
         name = image_name(i)
         if written.get(name) is None or sha256_file(folder / name) != written[name]:
