@@ -122,3 +122,19 @@ def test_a_kept_image_with_bytes_other_than_written_is_redrawn(tmp_path):
 ])
 def test_only_a_command_that_runs_jobs_checks_results(argv, runs):
     assert executes_jobs(argv) is runs
+
+
+def test_tables_name_a_short_stats_table_and_its_redraw(tmp_path, capsys):
+    """Before: a stats.csv that lost a row was blamed on the metrics file, whose advice led to a second error. Now
+    the tables name the stats table, and the redraw of its shard."""
+    from lantern.pipeline.cli import main as cli
+    from test_bad_inputs import assert_one_line
+    from test_tables import make_sweep
+
+    shards, metrics = make_sweep(tmp_path)
+    stats = shards[0] / "stats.csv"
+    stats.write_text("".join(stats.read_text().splitlines(keepends=True)[:-1]))
+    rc = cli(["tables", "--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "t")])
+    captured = capsys.readouterr()
+    assert_one_line(rc, captured.out, captured.err, rf"{stats} is short: it holds \d+ rows, but the shard's manifest "
+                    rf"records \d+ images; redraw it .* `--forcerun={shards[0]}`")

@@ -56,19 +56,34 @@ class Findings:
     hashed: int = 0
 
 
-def shard_fault(shard: Path, digests: bool, found: Findings) -> str | None:
-    """Why a shard folder does not hold what its manifest records (None: it does)."""
+def png_entries(folder: Path) -> dict[str, os.DirEntry]:
+    """The PNGs of a folder by name (scandir: one listing, and the entries' stat without building paths)."""
+    try:
+        with os.scandir(folder) as entries:
+            return {e.name: e for e in entries if e.name.endswith(".png")}
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+
+
+def shard_fault(shard: Path, digests: bool, found: Findings) -> tuple[str | None, int]:
+    """(why the shard folder does not hold what its manifest records, or None; the number of images it records)."""
     try:
         manifest = read_manifest(shard)
     except UserError:
         path = shard / "manifest.json"
-        return "it has no manifest.json" if not path.is_file() else f"its manifest.json is not whole ({size(path)})"
+        return ("it has no manifest.json" if not path.is_file() else
+                f"its manifest.json is not whole ({size(path)})"), 0
     want = expected_images(manifest)
+    return shard_images_fault(shard, manifest, want, digests, found), len(want)
+
+
+def shard_images_fault(shard: Path, manifest: dict, want: dict, digests: bool, found: Findings) -> str | None:
     if not want:
         return "its manifest.json records no images"
     made = (shard / "manifest.json").stat().st_mtime_ns
     folder = shard / "images"
-    have = {p.name for p in folder.glob("*.png")} if folder.is_dir() else set()
+    entries = png_entries(folder)
+    have = set(entries)
     if missing := sorted(set(want) - have):
         return f"it lacks {len(missing)} of the {len(want)} images its manifest records (e.g. images/{missing[0]})"
     if extra := sorted(have - set(want)):
@@ -77,7 +92,7 @@ def shard_fault(shard: Path, digests: bool, found: Findings) -> str | None:
     sizes = record.get("bytes") if isinstance(record.get("bytes"), dict) else {}
     found.images += len(want)
     for name in sorted(want):
-        st = (folder / name).stat()
+        st = entries[name].stat()
         if name in sizes and st.st_size != sizes[name]:
             return f"images/{name} holds {st.st_size} bytes, its manifest records {sizes[name]}"
         if want[name] is None:  # a manifest from before digests: its count is all it says
@@ -220,8 +235,9 @@ def verify_results(out: str | Path, metrics: Mapping[str, Sequence[str]], tables
                     found.lines.append(f"{shard}: missing; this run redraws it and recomputes what read it{marked}")
                 continue
             found.shards += 1
-            if (fault := shard_fault(shard, digests, found)) is None:
-                n_images += len(expected_images(read_manifest(shard)))
+            fault, count = shard_fault(shard, digests, found)
+            if fault is None:
+                n_images += count
                 continue
             stale = True
             marked = repair.stale(readers)
