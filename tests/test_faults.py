@@ -69,6 +69,7 @@ def our_lines(text: str) -> list[str]:
 # -- issue #61: the check before the first job (lantern.pipeline.verify) repairs what a rerun meets -----------------
 POINTS = [f"{OUT}/gen/sampling/{p}/shard0" for p in ("vanilla", "vanilla-control")]
 PNG = f"{SHARD}/images/000002.png"
+SWEEP = {f"{OUT}/metrics/sampling/{Path(s).parent.name}.json": [s] for s in POINTS}  # metrics file -> its shards
 
 
 def keep_time(path: Path, change) -> None:
@@ -121,8 +122,7 @@ def test_the_check_before_the_first_job_finds_each_fault(fault, mini, tmp_path, 
     monkeypatch.chdir(wd)
     damage, item, why = FAULTS[fault]
     damage(wd)
-    metrics = {f"{OUT}/metrics/sampling/{Path(s).parent.name}.json": [s] for s in POINTS}
-    found = verify_results(OUT, metrics, f"{OUT}/tables")
+    found = verify_results(OUT, SWEEP, f"{OUT}/tables")
     assert len(found.lines) == 1, found.lines
     line = found.lines[0]
     assert re.fullmatch(rf"{re.escape(item)}: {why}; .*", line), line
@@ -137,8 +137,23 @@ def test_the_check_before_the_first_job_finds_each_fault(fault, mini, tmp_path, 
         assert p.read_bytes() == (mini / p).read_bytes()
     # a sound copy, every digest checked: nothing found, nothing moved or marked
     monkeypatch.chdir(copy(mini, tmp_path / "sound"))
-    assert verify_results(OUT, metrics, f"{OUT}/tables", digests=True).lines == []
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables", digests=True).lines == []
     assert all(p.stat().st_mtime_ns == (mini / p).stat().st_mtime_ns for p in stale)
+
+
+def test_a_cut_png_under_a_manifest_without_sizes_is_found(mini, tmp_path, monkeypatch):
+    """Shards written before manifests recorded sizes: a PNG cut under its old time lacks the PNG end chunk."""
+    from lantern.pipeline.verify import verify_results
+
+    wd = copy(mini, tmp_path)
+    monkeypatch.chdir(wd)
+    manifest = json.loads((wd / SHARD / "manifest.json").read_text())
+    del manifest["images"]["bytes"], manifest["stats_table"]
+    (wd / SHARD / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables").lines == []
+    keep_time(wd / PNG, lambda p: os.truncate(p, p.stat().st_size - 20))
+    lines = verify_results(OUT, SWEEP, f"{OUT}/tables").lines
+    assert len(lines) == 1 and lines[0].startswith(f"{SHARD}: images/000002.png is cut short (no PNG end chunk; "), lines
 
 
 @pytest.mark.parametrize("fault", ["delete a png", "edit n_generated", "lose a metrics json"])

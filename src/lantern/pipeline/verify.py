@@ -14,8 +14,8 @@ computed from a damaged or missing item get a modification time in 1970 (STALE_N
 through them, remakes what is missing. One line per item says what was found and what the run does about it.
 
 Digests: the fast path (the default) trusts a file whose size is the recorded one and which is not newer than its
-manifest, and hashes the others (under a manifest written before sizes were recorded: those newer than it, and
-empty ones); LANTERN_VERIFY=digests hashes every image and stats table.
+manifest, and hashes the others (under a manifest written before sizes were recorded, a PNG must also end in its
+end chunk); LANTERN_VERIFY=digests hashes every image and stats table.
 """
 
 from __future__ import annotations
@@ -65,6 +65,19 @@ def png_entries(folder: Path) -> dict[str, os.DirEntry]:
         return {}
 
 
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # every whole PNG's last 12 bytes: its empty IEND chunk
+
+
+def png_ends(path: Path) -> bool:
+    """Whether the file ends as a whole PNG does (one short read): what an image cut by a crash lacks."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-len(PNG_END), os.SEEK_END)
+            return f.read() == PNG_END
+    except OSError:  # shorter than the end chunk
+        return False
+
+
 def shard_fault(shard: Path, digests: bool, found: Findings) -> tuple[str | None, int]:
     """(why the shard folder does not hold what its manifest records, or None; the number of images it records)."""
     try:
@@ -95,10 +108,11 @@ def shard_images_fault(shard: Path, manifest: dict, want: dict, digests: bool, f
         st = entries[name].stat()
         if name in sizes and st.st_size != sizes[name]:
             return f"images/{name} holds {st.st_size} bytes, its manifest records {sizes[name]}"
+        if name not in sizes and not png_ends(folder / name):  # a manifest from before sizes: a cut file shows
+            return f"images/{name} is cut short (no PNG end chunk; {st.st_size} bytes)"
         if want[name] is None:  # a manifest from before digests: its count is all it says
             continue
-        # hashed: on request, when newer than the manifest, or empty under a manifest that records no sizes
-        if digests or st.st_mtime_ns > made or (name not in sizes and st.st_size == 0):
+        if digests or st.st_mtime_ns > made:
             found.hashed += 1
             if sha256_file(folder / name) != want[name]:
                 return f"images/{name} is not the image its manifest records (sha256 differs, {st.st_size} bytes)"
