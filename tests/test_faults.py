@@ -156,12 +156,12 @@ def test_a_cut_png_under_a_manifest_without_sizes_is_found(mini, tmp_path, monke
     assert len(lines) == 1 and lines[0].startswith(f"{SHARD}: images/000002.png is cut short (no PNG end chunk; "), lines
 
 
-@pytest.mark.parametrize("fault", ["delete a png", "edit n_generated", "lose a metrics json"])
+@pytest.mark.parametrize("fault", ["lose a manifest", "edit n_generated", "lose a metrics json", "empty a png"])
 def test_the_same_command_repairs_a_fault_to_the_same_bytes(fault, mini, tmp_path):
     """Before: a rerun said "Nothing to be done" and kept the damage. Now the same command sets the item aside,
     redraws or recomputes it and what read it, and ends with the undamaged run's bytes; a third run has nothing to
-    do. (Each fault of FAULTS takes one of these three paths: a shard redrawn, a metrics file set aside, or a
-    missing one remade through its marked readers.)"""
+    do. Each fault of FAULTS takes one of these paths: a shard redrawn, a metrics file set aside, a missing one
+    remade through its marked readers; or damaged PNGs of a sound shard restored from their tokens (no job runs)."""
     wd = copy(mini, tmp_path)
     damage, item, why = FAULTS[fault]
     damage(wd)
@@ -169,9 +169,12 @@ def test_the_same_command_repairs_a_fault_to_the_same_bytes(fault, mini, tmp_pat
                        text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = check_lines(r.stderr)
-    assert lines[0].startswith(f"lantern: {item}: ") and "this run re" in lines[0], lines
+    assert lines[0].startswith(f"lantern: {item}: ") and "this run re" in lines[0] or "restored 1 image" in lines[0], \
+        lines
     assert same(wd) == same(mini)
-    if item == METRICS:  # no image redrawn: the tables, wall times included, are the undamaged run's too
+    if "restored" in lines[0]:
+        assert "Nothing to be done" in r.stdout + r.stderr
+    if item == METRICS or "restored" in lines[0]:  # no image redrawn: the tables, times included, are the same
         for name in ("sweep.csv", "summary.md"):
             assert (wd / OUT / "tables" / name).read_bytes() == (mini / OUT / "tables" / name).read_bytes()
     again = subprocess.run(cmd(wd, "--cores", "1", TABLES), cwd=REPO, env=snakemake_env(), capture_output=True,
@@ -288,3 +291,27 @@ def test_a_full_disk_during_evaluate_is_one_line_and_leaves_nothing(mini, tmp_pa
     assert not list((wd / OUT).rglob("*.tmp")), "a temporary file was left behind"
     assert cli(args) == 0 and out.is_file()  # room again: the same command completes
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("fault", ["delete a png", "truncate a png", "empty a png"])
+def test_damaged_pngs_of_a_sound_shard_are_restored_from_their_tokens(fault, mini, tmp_path, monkeypatch):
+    """A PNG is its stats row's tokens decoded by the VQ: redrawn so, it holds its recorded sha256 again, and the
+    shard, its times and what read it stay as they were. A decode that comes out otherwise restores nothing."""
+    from lantern.pipeline.verify import png_restorer, verify_results
+
+    wd = copy(mini, tmp_path)
+    monkeypatch.chdir(wd)
+    FAULTS[fault][0](wd)
+    restore = png_restorer(str(REPO / "models" / "toy" / "default" / "vq.pt"), 1)
+    found = verify_results(OUT, SWEEP, f"{OUT}/tables", restore=restore)
+    assert len(found.lines) == 1 and found.lines[0].endswith("; restored 1 image(s) from the tokens in its "
+                                                             "stats.csv, each holding its recorded sha256 again: "
+                                                             "nothing to redraw"), found.lines
+    assert (wd / PNG).read_bytes() == (mini / PNG).read_bytes()
+    for f in [METRICS, *(f"{OUT}/tables/{n}" for n in ("sweep.csv", "summary.md"))]:  # nothing marked
+        assert (wd / f).stat().st_mtime_ns == (mini / f).stat().st_mtime_ns
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables", digests=True, restore=restore).lines == []
+    (wd / PNG).unlink()  # another VQ decodes other pixels: the shard is set aside for its redraw instead
+    other = png_restorer(str(REPO / "models" / "toy" / "clean" / "vq.pt"), 1)
+    lines = verify_results(OUT, SWEEP, f"{OUT}/tables", restore=other).lines
+    assert len(lines) == 1 and "; set aside as " in lines[0], lines

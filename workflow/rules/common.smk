@@ -268,7 +268,8 @@ def proximity_tokens(wildcards, input):
 # --- before the first job: the results already there (lantern.pipeline.verify) ---
 # Snakemake reads this file before it builds the DAG: existing shards, metrics files and tables are checked against
 # their records here, a damaged one is set aside (moved to {OUT}/damaged/) and what read a damaged or missing one is
-# marked out of date, so this same command redraws and recomputes them. Dry runs, --lint, --unlock and the like
+# marked out of date, so this same command redraws and recomputes them; damaged PNGs of a shard whose manifest and
+# stats.csv are sound are first redrawn from their tokens, and kept when they hold their recorded sha256. Dry runs, --lint, --unlock and the like
 # check nothing; LANTERN_VERIFY=digests hashes every file instead of the fast path on sizes and times.
 check_before_jobs(
     workflow,
@@ -276,4 +277,6 @@ check_before_jobs(
     {f"{OUT}/metrics/{m}/{p}.json": [f"{OUT}/gen/{m}/{p}/shard{j}" for j in SHARDS]
      for m in MODES for p in sorted(mode_points(POINTS, m))},
     f"{OUT}/tables",
+    vq_ckpt(),
+    threads_arg(1),  # the generate rule's
 )

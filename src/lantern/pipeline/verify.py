@@ -78,45 +78,106 @@ def png_ends(path: Path) -> bool:
         return False
 
 
-def shard_fault(shard: Path, digests: bool, found: Findings) -> tuple[str | None, int]:
-    """(why the shard folder does not hold what its manifest records, or None; the number of images it records)."""
+@dataclass
+class ShardCheck:
+    """A shard's check: `fault` (None: sound), the image count its manifest records, and `images`, the damaged
+    images when they are all the damage (the manifest and stats.csv sound): those can be restored from their tokens."""
+
+    fault: str | None
+    count: int = 0
+    images: list[str] = field(default_factory=list)
+    manifest: dict = field(default_factory=dict)
+
+
+def shard_fault(shard: Path, digests: bool, found: Findings) -> ShardCheck:
     try:
         manifest = read_manifest(shard)
     except UserError:
         path = shard / "manifest.json"
-        return ("it has no manifest.json" if not path.is_file() else
-                f"its manifest.json is not whole ({size(path)})"), 0
+        return ShardCheck("it has no manifest.json" if not path.is_file() else
+                          f"its manifest.json is not whole ({size(path)})")
     want = expected_images(manifest)
-    return shard_images_fault(shard, manifest, want, digests, found), len(want)
-
-
-def shard_images_fault(shard: Path, manifest: dict, want: dict, digests: bool, found: Findings) -> str | None:
     if not want:
-        return "its manifest.json records no images"
+        return ShardCheck("its manifest.json records no images")
     made = (shard / "manifest.json").stat().st_mtime_ns
     folder = shard / "images"
     entries = png_entries(folder)
-    have = set(entries)
-    if missing := sorted(set(want) - have):
-        return f"it lacks {len(missing)} of the {len(want)} images its manifest records (e.g. images/{missing[0]})"
-    if extra := sorted(have - set(want)):
-        return f"it holds {len(extra)} image(s) its manifest does not record (e.g. images/{extra[0]})"
+    if extra := sorted(set(entries) - set(want)):
+        return ShardCheck(f"it holds {len(extra)} image(s) its manifest does not record (e.g. images/{extra[0]})")
     record = manifest.get(RECORD) if isinstance(manifest.get(RECORD), dict) else {}
     sizes = record.get("bytes") if isinstance(record.get("bytes"), dict) else {}
     found.images += len(want)
-    for name in sorted(want):
+    damaged: dict[str, str] = {}  # name -> what is wrong with it
+    if missing := sorted(set(want) - set(entries)):
+        damaged.update((name, "") for name in missing)
+        first = f"it lacks {len(missing)} of the {len(want)} images its manifest records (e.g. images/{missing[0]})"
+    for name in sorted(set(want) & set(entries)):
         st = entries[name].stat()
         if name in sizes and st.st_size != sizes[name]:
-            return f"images/{name} holds {st.st_size} bytes, its manifest records {sizes[name]}"
-        if name not in sizes and not png_ends(folder / name):  # a manifest from before sizes: a cut file shows
-            return f"images/{name} is cut short (no PNG end chunk; {st.st_size} bytes)"
-        if want[name] is None:  # a manifest from before digests: its count is all it says
-            continue
-        if digests or st.st_mtime_ns > made:
+            damaged[name] = f"images/{name} holds {st.st_size} bytes, its manifest records {sizes[name]}"
+        elif name not in sizes and not png_ends(folder / name):  # a manifest from before sizes: a cut file shows
+            damaged[name] = f"images/{name} is cut short (no PNG end chunk; {st.st_size} bytes)"
+        elif want[name] is not None and (digests or st.st_mtime_ns > made):  # None: a manifest from before digests
             found.hashed += 1
             if sha256_file(folder / name) != want[name]:
-                return f"images/{name} is not the image its manifest records (sha256 differs, {st.st_size} bytes)"
-    return stats_fault(shard, manifest, sorted(want), made, digests)
+                damaged[name] = f"images/{name} is not the image its manifest records (sha256 differs, " \
+                                f"{st.st_size} bytes)"
+    stats = stats_fault(shard, manifest, sorted(want), made, digests)
+    if not damaged:
+        return ShardCheck(stats, len(want), [], manifest)
+    fault = first if missing else next(iter(damaged.values()))
+    fault += f" ({len(damaged)} damaged images in all)" if len(damaged) > 1 and not missing else ""
+    restorable = stats is None and all(want[name] is not None for name in damaged)
+    return ShardCheck(fault, len(want), sorted(damaged) if restorable else [], manifest)
+
+
+def png_restorer(vq_path: str, threads: int):
+    """restore(shard, names, manifest) -> whether every named PNG was redrawn from the tokens its stats.csv row
+    holds, decoded by the VQ alone as `lantern sample` decodes it, and found to hold its recorded sha256 (then
+    written under the manifest's time, so nothing that read the shard is rerun). A decode that differs (another
+    device or thread count) restores nothing: the shard is then redrawn."""
+    state: dict = {}
+
+    def restore(shard: Path, names: list[str], manifest: dict) -> bool:
+        import hashlib
+        import io
+
+        import pandas as pd
+        import torch
+        from PIL import Image
+
+        from lantern.engine.models.vq import load_vq
+        from lantern.io import atomic_path
+        from lantern.pipeline.sample import to_uint8
+
+        if "vq" not in state:
+            torch.set_num_threads(threads)
+            state["vq"] = load_vq(vq_path, device="cpu")
+        try:
+            rows = pd.read_csv(shard / "stats.csv", usecols=["image_index", "tokens"], dtype={"tokens": str})
+        except ValueError:  # no tokens column
+            return False
+        tokens = dict(zip(rows["image_index"], rows["tokens"]))
+        want, data = expected_images(manifest), {}
+        for name in names:
+            try:
+                codes = torch.tensor([[int(t) for t in str(tokens[int(name.removesuffix(".png"))]).split()]])
+                with torch.no_grad():
+                    buf = io.BytesIO()
+                    Image.fromarray(to_uint8(state["vq"].decode_code(codes))[0]).save(buf, format="PNG")
+            except (KeyError, ValueError, IndexError, RuntimeError):  # tokens this VQ cannot decode: redraw instead
+                return False
+            if hashlib.sha256(buf.getvalue()).hexdigest() != want[name]:
+                return False
+            data[name] = buf.getvalue()
+        made = (shard / "manifest.json").stat().st_mtime_ns
+        for name, png in data.items():
+            with atomic_path(shard / "images" / name) as tmp:
+                tmp.write_bytes(png)
+            os.utime(shard / "images" / name, ns=(made, made))
+        return True
+
+    return restore
 
 
 def stats_fault(shard: Path, manifest: dict, names: list[str], made: int, digests: bool) -> str | None:
@@ -225,10 +286,11 @@ class Repair:
 
 
 def verify_results(out: str | Path, metrics: Mapping[str, Sequence[str]], tables: str | Path,
-                   digests: bool = False) -> Findings:
+                   digests: bool = False, restore=None) -> Findings:
     """Check the shards and metrics files named in `metrics` (metrics file -> its point's shard folders) and the
     tables folder `tables`; set aside the damaged, mark what depends on a damaged or missing item out of date.
-    Paths as the Snakefile names them (under `out`)."""
+    Paths as the Snakefile names them (under `out`). `restore` (png_restorer): first try to redraw a shard's
+    damaged images from their tokens, which keeps the shard (and its times) when they come out as recorded."""
     out, tables = Path(out), Path(tables)
     found = Findings()
     repair = Repair(out, found)
@@ -249,10 +311,16 @@ def verify_results(out: str | Path, metrics: Mapping[str, Sequence[str]], tables
                     found.lines.append(f"{shard}: missing; this run redraws it and recomputes what read it{marked}")
                 continue
             found.shards += 1
-            fault, count = shard_fault(shard, digests, found)
-            if fault is None:
-                n_images += count
+            check = shard_fault(shard, digests, found)
+            if check.fault is None:
+                n_images += check.count
                 continue
+            if check.images and restore is not None and restore(shard, check.images, check.manifest):
+                found.lines.append(f"{shard}: {check.fault}; restored {len(check.images)} image(s) from the tokens "
+                                   "in its stats.csv, each holding its recorded sha256 again: nothing to redraw")
+                n_images += check.count
+                continue
+            fault = check.fault
             stale = True
             marked = repair.stale(readers)
             repair.set_aside(shard, fault, f"this run redraws it (the same bytes) and recomputes what read it{marked}")
@@ -291,9 +359,11 @@ def executes_jobs(argv: Sequence[str]) -> bool:
     return not any(getattr(args, name, None) for name in NO_JOBS) or bool(getattr(args, "report_after_run", False))
 
 
-def check_before_jobs(workflow, out: str, metrics: Mapping[str, Sequence[str]], tables: str) -> None:
+def check_before_jobs(workflow, out: str, metrics: Mapping[str, Sequence[str]], tables: str, vq: str,
+                      threads: int) -> None:
     """The Snakefile's call: in the main Snakemake process of a command that runs jobs, check the existing results
-    and print one line per finding and a closing line with the time it took."""
+    and print one line per finding and a closing line with the time it took. `vq` and `threads`: the VQ and the
+    CPU thread count of the generation jobs, to restore damaged images from their tokens."""
     if not workflow.is_main_process or not executes_jobs(sys.argv):
         return
     if any(Path(".snakemake", "locks").glob("*")):  # another Snakemake is at work here, or a killed one's lock
@@ -302,7 +372,7 @@ def check_before_jobs(workflow, out: str, metrics: Mapping[str, Sequence[str]], 
         return
     digests = os.environ.get(DIGESTS_ENV, "") == "digests"
     started = time.monotonic()
-    found = verify_results(out, metrics, tables, digests)
+    found = verify_results(out, metrics, tables, digests, png_restorer(vq, threads))
     for line in found.lines:
         print(f"lantern: {line}", file=sys.stderr)
     if not found.shards and not found.lines:  # a fresh results folder: nothing to check
