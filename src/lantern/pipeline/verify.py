@@ -9,7 +9,9 @@ the DAG is built, and each item of the sweep is checked:
 - a metrics file (metrics/{mode}/{point}.json): a JSON mapping whose `n_generated` is the image count of its shards;
 - the tables (tables/*): all four there, sweep.csv one row per (mode, point) with its shards' image count,
   positions.csv n_tokens rows per point, depths.csv and summary.md readable.
-A damaged item is moved (never deleted) to <outdir>/damaged/<time>/, under its own relative path; the results
+Damaged PNGs of a shard whose manifest and stats.csv are sound are first redrawn from their rows' tokens by the VQ
+and kept when they hold their recorded sha256 (png_restorer): nothing else changes then. Otherwise a damaged item
+is moved (never deleted) to <outdir>/damaged/<time>/, under its own relative path; the results
 computed from a damaged or missing item get a modification time in 1970 (STALE_NS), so Snakemake reruns them and,
 through them, remakes what is missing. One line per item says what was found and what the run does about it.
 
