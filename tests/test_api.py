@@ -1,6 +1,7 @@
 """The public Python API (`import lantern`, docs/python.md): its names, its one-line errors (the config's own for a
 method), its images against `lantern sample`'s for the same settings, and an upstream-style LlamaGen `Transformer`
 object giving the same logits and greedy tokens through lantern as through its own forward and sampling loop."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from PIL import Image
 from torch import nn
 
 import lantern
+from lantern.engine.models.vq import VQModel
 from lantern.errors import UserError
 from lantern.pipeline import cli
 from tiny import one_thread  # noqa: F401 (fixture)
@@ -89,6 +91,13 @@ def test_methods_lists_the_registry_as_lantern_methods(capsys):
      "states gpt_size = {dim: 64, n_layer: 2, n_head: 2} in its config, but llamagen.gpt_size = GPT-B"),
     (lambda w: lantern.generate(lantern.load_llamagen(gpt_ckpt=upstream_gpt(), vq_ckpt=tiny_vq(), device="cpu"), [0],
                                 "lantern", delta=0.1, k=3), "needs a drafter; load the world with drafter_ckpt"),
+    (lambda w: lantern.load_llamagen(gpt_ckpt=upstream_gpt(), vq_ckpt=VQModel(dataclasses.replace(
+        TINY_VQ, codebook_size=2 * TINY_VQ.codebook_size)), device="cpu"),
+     f"vq_ckpt's codebook holds {2 * TINY_VQ.codebook_size} codes, but gpt_ckpt's vocabulary is "
+     f"{TINY_VQ.codebook_size}; give the VQ the GPT was trained with"),
+    (lambda w: lantern.generate(w, [np.float64(1.0)]), "class np.float64(1.0) is not a class id of this target"),
+    (lambda w: lantern.generate(w, [torch.tensor([1, 2])]), "is not a class id of this target"),
+    (lambda w: lantern.generate(w, [0], seed=np.float32(2)), "seed = np.float32(2.0) must be an integer >= 0"),
 ])
 def test_bad_inputs_raise_one_clear_line(toy, call, expected):
     assert expected in one_line(lambda: call(toy))
@@ -191,3 +200,16 @@ def test_the_authors_hf_target_folder_converts_in_memory(tmp_path, one_thread): 
     (tmp_path / "empty").mkdir()
     assert "is a folder without config.json" in one_line(lambda: lantern.load_llamagen(
         gpt_ckpt=tmp_path / "empty", vq_ckpt=tiny_vq(), device="cpu"))
+
+
+def test_numpy_and_torch_integers_are_class_ids_and_seeds(toy):
+    """What users pass (issue #61): list(np.arange(2)), numpy and torch scalars, 0-d tensors and arrays; the images
+    are those of plain ints."""
+    want = lantern.generate(toy, [0, 1], "vanilla", seed=3)
+    for conditions, seed in ((list(np.arange(2)), np.int64(3)), (np.arange(2), torch.tensor(3)),
+                             ([torch.tensor(0), np.array(1)], np.uint8(3)), (torch.arange(2), 3)):
+        got = lantern.generate(toy, conditions, "vanilla", seed=seed)
+        assert np.array_equal(got.pixels, want.pixels) and [s["label"] for s in got.stats] == [0, 1]
+        assert all(type(s["label"]) is int and type(s["seed"]) is int for s in got.stats)
+    one = lantern.generate(toy, np.int32(1), "vanilla", seed=3, first_index=np.int64(1), batch_size=torch.tensor(1))
+    assert np.array_equal(one.pixels[0], want.pixels[1])

@@ -565,7 +565,7 @@ FILE_CASES = [
                                               "--end", "3", "--out", str(o), "--device", "cpu"],
      r"broken\.png"),
     ("tables-not-a-shard", lambda f, o: ["tables", "--shards", str(f / "empty_dir"), "--out", str(o)],
-     r"has no stats\.csv"),
+     r"has no manifest\.json, so it is not a finished `lantern sample` shard; redraw it .*--forcerun="),
     ("tables-garbage-stats", lambda f, o: ["tables", "--shards", str(f / "shard_bad_stats"), "--out", str(o)],
      r"stats table .*shard_bad_stats/stats\.csv is not a readable CSV"),
     ("speed-garbage-stats", lambda f, o: ["speed", "--stats", str(f / "random.pt"), "--out", f"{o}.csv"],

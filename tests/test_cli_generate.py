@@ -76,3 +76,40 @@ def test_llamagen_flags_are_checked_against_the_weights(files, capfd):
                      "GPT-B", "--device", "cpu"]) == 2
     err = capfd.readouterr().err.strip()
     assert "but llamagen.gpt_size = GPT-B; set llamagen.gpt_size: {dim: 64, n_layer: 2, n_head: <heads>}" in err
+
+
+def test_out_is_checked_before_decoding_and_named_in_write_errors(tmp_path, capfd, monkeypatch):
+    """Issue #61: a folder, a missing parent or an unwritable folder at --out is one line naming --out before any
+    model loads; a write that fails anyway (a full disk) says --out, not the pipeline's outdir."""
+    import os
+
+    from lantern import api
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.png").mkdir()
+    loaded = []
+    monkeypatch.setattr(api, "load_world", lambda *a, **k: loaded.append(1))  # nothing may load before the check
+    cases = [(["--out", "grid.png"], "error: --out grid.png is a folder; give the grid's file name (e.g. --out "
+              "grid.png/grid.png)"),
+             (["--out", "missing/grid.png"], "error: --out missing/grid.png: folder missing does not exist")]
+    for argv, message in cases:
+        assert cli.main(["generate", "-n", "1", "--method", "vanilla", *argv]) == 2
+        assert capfd.readouterr().err.strip().startswith(message)
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == "locked" else real_access(p, mode))
+    assert cli.main(["generate", "-n", "1", "--method", "vanilla", "--out", "locked/grid.png"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: --out locked/grid.png: folder locked is not writable for this user") and "\n" not in err
+    assert loaded == []
+    monkeypatch.undo()
+
+    from test_bad_inputs import enospc_on_write
+
+    monkeypatch.chdir(tmp_path)
+    enospc_on_write(monkeypatch)
+    assert cli.main(["generate", "-n", "1", "--method", "vanilla", "--no-baseline", "--quiet", "--out",
+                     "one.png"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert "cannot write one.png: no space left on the device" in err and "give --out a disk with room" in err
+    assert "outdir" not in err and "\n" not in err

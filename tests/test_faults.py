@@ -1,5 +1,5 @@
-"""Under faults (issue #52): a damaged shard met by a rerun, two Snakemake processes on one results folder, a job
-killed during evaluate or tables, and a full disk during evaluate. A small real DAG (shipped toy models, plain AR on 4
+"""Under faults (issues #52 and #61): damaged results met by a rerun (each repaired by the same command), two
+Snakemake processes on one results folder, a job killed during evaluate or tables, and a full disk during evaluate. A small real DAG (shipped toy models, plain AR on 4
 images, no proximity or clean world: toy_data, tokenize, ambiguity, generate, evaluate, tables; seconds of work) is
 built once, and each test works on a copy of it."""
 import json
@@ -42,6 +42,10 @@ def cmd(workdir: Path, *args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory) -> Path:
+    """LANTERN_MINI_WORKDIR=<an earlier session's mini workdir> reuses it (while iterating on tests); tests change
+    only copies."""
+    if os.environ.get("LANTERN_MINI_WORKDIR"):
+        return Path(os.environ["LANTERN_MINI_WORKDIR"])
     wd = tmp_path_factory.mktemp("mini") / "wd"
     log = wd.parent / "mini.log"
     r = run_logged(cmd(wd, "--cores", "1", TABLES), log, timeout=HANG_GUARD_S)
@@ -62,24 +66,131 @@ def our_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error: ")]
 
 
-def test_a_rerun_meeting_a_lost_png_names_the_shard_and_its_redraw_gives_the_same_bytes(mini, tmp_path):
-    """Before: evaluate rerun on a shard that lost a PNG wrote a row from 3 of its 4 images, exit 0."""
+# -- issue #61: the check before the first job (lantern.pipeline.verify) repairs what a rerun meets -----------------
+POINTS = [f"{OUT}/gen/sampling/{p}/shard0" for p in ("vanilla", "vanilla-control")]
+PNG = f"{SHARD}/images/000002.png"
+SWEEP = {f"{OUT}/metrics/sampling/{Path(s).parent.name}.json": [s] for s in POINTS}  # metrics file -> its shards
+
+
+def keep_time(path: Path, change) -> None:
+    """Change a file's bytes under its old modification time: what a crash leaves when a write never reached the
+    disk, and what no check on times alone can see."""
+    st = path.stat()
+    change(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def drop_last_line(path: Path) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+
+def edit_json(path: Path, **values) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}, indent=2, sort_keys=True) + "\n")
+
+
+# fault -> (what it does to the results, the item it damages, what the check says about it); every shard fault sets
+# the shard aside (its redraw is byte-identical), every metrics fault the metrics file
+FAULTS = {
+    "delete a png": (lambda r: (r / PNG).unlink(), SHARD,
+                     r"it lacks 1 of the 4 images its manifest records \(e\.g\. images/000002\.png\)"),
+    "truncate a png": (lambda r: keep_time(r / PNG, lambda p: os.truncate(p, p.stat().st_size // 2)), SHARD,
+                       r"images/000002\.png holds \d+ bytes, its manifest records \d+"),
+    "empty a png": (lambda r: keep_time(r / PNG, lambda p: os.truncate(p, 0)), SHARD,
+                    r"images/000002\.png holds 0 bytes, its manifest records \d+"),
+    "edit n_generated": (lambda r: edit_json(r / METRICS, n_generated=3), METRICS,
+                         r"it was computed on 3 images \(n_generated\), but its shards hold 4"),
+    "lose a stats row": (lambda r: drop_last_line(r / SHARD / "stats.csv"), SHARD,
+                         "its stats.csv is short: 3 rows for the 4 images its manifest records"),
+    "lose a manifest": (lambda r: (r / SHARD / "manifest.json").unlink(), SHARD, "it has no manifest.json"),
+    "lose a metrics json": (lambda r: (r / METRICS).unlink(), METRICS, "missing"),
+}
+
+
+def check_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("lantern: ")]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_check_before_the_first_job_finds_each_fault(fault, mini, tmp_path, monkeypatch):
+    """Each fault is one line naming the item and what the run does; a damaged item is moved under damaged/ (never
+    deleted), and what read it gets a 1970 modification time, so Snakemake reruns it and remakes the item."""
+    import re
+
+    from lantern.pipeline.verify import STALE_NS, verify_results
+
     wd = copy(mini, tmp_path)
-    (wd / SHARD / "images" / "000002.png").unlink()
-    (wd / METRICS).unlink()  # evaluate reruns (as after any change upstream of it)
-    r = subprocess.run(cmd(wd, "--cores", "1", METRICS), cwd=REPO, env=snakemake_env(), capture_output=True,
+    monkeypatch.chdir(wd)
+    damage, item, why = FAULTS[fault]
+    damage(wd)
+    found = verify_results(OUT, SWEEP, f"{OUT}/tables")
+    assert len(found.lines) == 1, found.lines
+    line = found.lines[0]
+    assert re.fullmatch(rf"{re.escape(item)}: {why}; .*", line), line
+    if why != "missing":  # set aside whole, under its own path
+        assert re.search(rf"; set aside as {OUT}/damaged/\d{{8}}T\d{{6}}Z/{re.escape(item.removeprefix(OUT + '/'))}; ",
+                         line), line
+        assert not Path(item).exists() and len(list(Path(OUT, "damaged").glob(f"*/{item.removeprefix(OUT + '/')}"))) == 1
+    stale = [Path(OUT, "tables", n) for n in ("sweep.csv", "positions.csv", "depths.csv", "summary.md")]
+    stale += [Path(METRICS)] if item == SHARD else []
+    assert all(p.stat().st_mtime_ns == STALE_NS for p in stale), "what read the item must be marked out of date"
+    for p in stale:  # marked, not changed
+        assert p.read_bytes() == (mini / p).read_bytes()
+    # a sound copy, every digest checked: nothing found, nothing moved or marked
+    monkeypatch.chdir(copy(mini, tmp_path / "sound"))
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables", digests=True).lines == []
+    assert all(p.stat().st_mtime_ns == (mini / p).stat().st_mtime_ns for p in stale)
+
+
+def test_a_cut_png_under_a_manifest_without_sizes_is_found(mini, tmp_path, monkeypatch):
+    """Shards written before manifests recorded sizes: a PNG cut under its old time lacks the PNG end chunk."""
+    from lantern.pipeline.verify import verify_results
+
+    wd = copy(mini, tmp_path)
+    monkeypatch.chdir(wd)
+    manifest = json.loads((wd / SHARD / "manifest.json").read_text())
+    del manifest["images"]["bytes"], manifest["stats_table"]
+    (wd / SHARD / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables").lines == []
+    keep_time(wd / PNG, lambda p: os.truncate(p, p.stat().st_size - 20))
+    lines = verify_results(OUT, SWEEP, f"{OUT}/tables").lines
+    assert len(lines) == 1 and lines[0].startswith(f"{SHARD}: images/000002.png is cut short (no PNG end chunk; "), lines
+
+
+@pytest.mark.parametrize("fault", ["lose a manifest", "edit n_generated", "lose a metrics json", "empty a png"])
+def test_the_same_command_repairs_a_fault_to_the_same_bytes(fault, mini, tmp_path):
+    """Before: a rerun said "Nothing to be done" and kept the damage. Now the same command sets the item aside,
+    redraws or recomputes it and what read it, and ends with the undamaged run's bytes; a third run has nothing to
+    do. Each fault of FAULTS takes one of these paths: a shard redrawn, a metrics file set aside, a missing one
+    remade through its marked readers; or damaged PNGs of a sound shard restored from their tokens (no job runs)."""
+    wd = copy(mini, tmp_path)
+    damage, item, why = FAULTS[fault]
+    damage(wd)
+    r = subprocess.run(cmd(wd, "--cores", "1", TABLES), cwd=REPO, env=snakemake_env(), capture_output=True,
                        text=True, timeout=HANG_GUARD_S)
-    assert r.returncode != 0
-    lines = our_lines(r.stderr)  # the job's own line, on Snakemake's stderr
-    assert lines == [f"error: shard {SHARD} holds 3 of the 4 images its manifest records (1 missing, e.g. "
-                     f"images/000002.png); redraw it and what was computed from it: add `--forcerun={SHARD}` to the "
-                     "same snakemake command (its images are deterministic, so the redraw is byte-identical)"], \
-        r.stderr[-3000:]
-    assert not (wd / METRICS).exists()
-    log = tmp_path / "redraw.log"  # what the line says, on the whole run's target
-    assert run_logged(cmd(wd, "--cores", "1", f"--forcerun={SHARD}", TABLES), log,
-                      timeout=HANG_GUARD_S).returncode == 0, tail(log)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = check_lines(r.stderr)
+    assert lines[0].startswith(f"lantern: {item}: ") and "this run re" in lines[0] or "restored 1 image" in lines[0], \
+        lines
     assert same(wd) == same(mini)
+    if "restored" in lines[0]:
+        assert "Nothing to be done" in r.stdout + r.stderr
+    if item == METRICS or "restored" in lines[0]:  # no image redrawn: the tables, times included, are the same
+        for name in ("sweep.csv", "summary.md"):
+            assert (wd / OUT / "tables" / name).read_bytes() == (mini / OUT / "tables" / name).read_bytes()
+    again = subprocess.run(cmd(wd, "--cores", "1", TABLES), cwd=REPO, env=snakemake_env(), capture_output=True,
+                           text=True, timeout=HANG_GUARD_S)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    assert check_lines(again.stderr)[-1].endswith("nothing to repair"), again.stderr[-2000:]
+
+
+def test_a_dry_run_checks_nothing(mini, tmp_path):
+    """A dry run (-n) moves and marks nothing: it only says what a real run would do."""
+    wd = copy(mini, tmp_path)
+    (wd / PNG).unlink()
+    r = subprocess.run(cmd(wd, "-n", TABLES), cwd=REPO, env=snakemake_env(), capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
+    assert r.returncode == 0 and check_lines(r.stderr) == [], r.stderr[-2000:]
+    assert (wd / SHARD / "manifest.json").is_file() and not (wd / OUT / "damaged").exists()
 
 
 def start(wd: Path, log: Path, *targets: str) -> subprocess.Popen:
@@ -180,3 +291,27 @@ def test_a_full_disk_during_evaluate_is_one_line_and_leaves_nothing(mini, tmp_pa
     assert not list((wd / OUT).rglob("*.tmp")), "a temporary file was left behind"
     assert cli(args) == 0 and out.is_file()  # room again: the same command completes
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("fault", ["delete a png", "truncate a png", "empty a png"])
+def test_damaged_pngs_of_a_sound_shard_are_restored_from_their_tokens(fault, mini, tmp_path, monkeypatch):
+    """A PNG is its stats row's tokens decoded by the VQ: redrawn so, it holds its recorded sha256 again, and the
+    shard, its times and what read it stay as they were. A decode that comes out otherwise restores nothing."""
+    from lantern.pipeline.verify import png_restorer, verify_results
+
+    wd = copy(mini, tmp_path)
+    monkeypatch.chdir(wd)
+    FAULTS[fault][0](wd)
+    restore = png_restorer(str(REPO / "models" / "toy" / "default" / "vq.pt"), 1)
+    found = verify_results(OUT, SWEEP, f"{OUT}/tables", restore=restore)
+    assert len(found.lines) == 1 and found.lines[0].endswith("; restored 1 image(s) from the tokens in its "
+                                                             "stats.csv, each holding its recorded sha256 again: "
+                                                             "nothing to redraw"), found.lines
+    assert (wd / PNG).read_bytes() == (mini / PNG).read_bytes()
+    for f in [METRICS, *(f"{OUT}/tables/{n}" for n in ("sweep.csv", "summary.md"))]:  # nothing marked
+        assert (wd / f).stat().st_mtime_ns == (mini / f).stat().st_mtime_ns
+    assert verify_results(OUT, SWEEP, f"{OUT}/tables", digests=True, restore=restore).lines == []
+    (wd / PNG).unlink()  # another VQ decodes other pixels: the shard is set aside for its redraw instead
+    other = png_restorer(str(REPO / "models" / "toy" / "clean" / "vq.pt"), 1)
+    lines = verify_results(OUT, SWEEP, f"{OUT}/tables", restore=other).lines
+    assert len(lines) == 1 and "; set aside as " in lines[0], lines

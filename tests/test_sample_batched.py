@@ -75,7 +75,7 @@ def test_a_killed_job_redoes_its_unfinished_batch_in_full(world, tmp_path, monke
         if len(saved) == 4:  # the first batch of 3 is complete, the second one half written
             raise KeyboardInterrupt
         saved.append(path)
-        real_save(array, path)
+        return real_save(array, path)  # the digest its row records
 
     with monkeypatch.context() as m:
         m.setattr(sample_module, "save_png", save_then_die)

@@ -125,7 +125,7 @@ def test_a_resumed_shard_holds_exactly_its_own_range(world, tmp_path, monkeypatc
         if len(saved) == 2:
             raise KeyboardInterrupt  # killed mid-shard
         saved.append(path)
-        real_save(array, path)
+        return real_save(array, path)  # the digest its row records
 
     def draw(start, end):
         sample(["--target", str(tmp_path / "c2i.pt"), "--vq", str(world / "vq.pt"), "--start", str(start),

@@ -14,6 +14,7 @@ the same settings give the pipeline's images.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -252,9 +253,9 @@ def load_llamagen(gpt_ckpt, vq_ckpt, drafter_ckpt: str | None = None, authors_dr
     target = _gpt(gpt_ckpt, spec, dtype, where)
     vq = _vq(vq_ckpt, where)
     codes = vq.quantize.embedding.weight.shape[0]
-    if target.args.vocab_size > codes:
-        raise UserError(f"gpt_ckpt predicts {target.args.vocab_size} codes, but vq_ckpt decodes {codes}; give the VQ "
-                        "the GPT was trained with")
+    if target.args.vocab_size != codes:  # a larger codebook's neighbours would point past the target's vocabulary
+        raise UserError(f"vq_ckpt's codebook holds {codes} codes, but gpt_ckpt's vocabulary is "
+                        f"{target.args.vocab_size}; give the VQ the GPT was trained with")
     drafter = None
     if drafter_ckpt:
         drafter = load_drafter(_file(drafter_ckpt, "drafter_ckpt"), target)
@@ -332,14 +333,28 @@ def _sampling(sampling: dict | None, mode: str):
                        SamplingParams, "sampling.")
 
 
+def _integer(value) -> int | None:
+    """`value` as an int when it is an integer: a Python int, a numpy integer, or a 0-d integer tensor or array
+    (what users pass: list(np.arange(4)), torch.tensor(3)); None otherwise (bools are not integers here)."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (Tensor, np.ndarray)):
+        if value.ndim != 0 or value.dtype in (torch.bool, np.bool_):
+            return None
+        value = value.item()
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return int(value) if isinstance(value, numbers.Integral) else None
+
+
 def _conditions(world: World, conditions) -> tuple[Tensor, Tensor | None, list[dict]]:
     """(cond, cond_mask, what each image's stats row says about its condition) for `conditions`."""
     a = world.target.args
     if a.model_type == "t2i":
         return _captions(world, conditions)
-    if isinstance(conditions, (int, str)) or (isinstance(conditions, Tensor) and conditions.ndim == 0):
+    if isinstance(conditions, (str, numbers.Number, np.generic)) or (
+            isinstance(conditions, (Tensor, np.ndarray)) and conditions.ndim == 0):
         conditions = [conditions]
-    if isinstance(conditions, Tensor):
+    if isinstance(conditions, (Tensor, np.ndarray)):
         conditions = conditions.tolist()
     if not isinstance(conditions, Sequence) or not conditions:
         raise UserError(f"conditions = {conditions!r} must be a non-empty list of class ids (or class names of the "
@@ -354,9 +369,10 @@ def _conditions(world: World, conditions) -> tuple[Tensor, Tensor | None, list[d
                 raise UserError(f"class {c!r} is not a class of the {world.name} world; use one of "
                                 f"{', '.join(world.class_names)} (or ids 0..{a.num_classes - 1})")
             c = world.class_names.index(c)
-        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < a.num_classes:
+        label = _integer(c)
+        if label is None or not 0 <= label < a.num_classes:
             raise UserError(f"class {c!r} is not a class id of this target; use 0..{a.num_classes - 1}")
-        labels.append(c)
+        labels.append(label)
     return torch.tensor(labels, device=world.device), None, [{"label": c} for c in labels]
 
 
@@ -435,9 +451,12 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     if not isinstance(world, World):
         raise UserError(f"world = {type(world).__name__} object; load one with lantern.load_world('toy') or "
                         "lantern.load_llamagen(...)")
+    checked = {}
     for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0), ("first_index", first_index, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        checked[name] = _integer(value)
+        if checked[name] is None or checked[name] < low:
             raise UserError(f"{name} = {value!r} must be an integer >= {low}")
+    batch_size, seed, first_index = checked["batch_size"], checked["seed"], checked["first_index"]
     spec = method_spec(method, world.max_k, **params)
     sampling_params = _sampling(sampling, mode)
     cond, mask, described = _conditions(world, conditions)

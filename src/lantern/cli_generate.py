@@ -93,6 +93,20 @@ def image_format(path: Path) -> str:
     return fmt
 
 
+def check_out(out: Path) -> None:
+    """The grid's target, before anything is decoded: a writable file path in an existing folder."""
+    import os
+
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; give the grid's file name (e.g. --out {out / 'grid.png'})")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or write elsewhere")
+    # the grid is written beside its name and renamed onto it: the folder must take new files
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: folder {out.parent} is not writable for this user; make it writable "
+                        "(chmod / chown) or give --out a path in a writable folder")
+
+
 def load(a):
     """The world the flags name: toy unless --gpt-ckpt / --vq-ckpt are given."""
     from lantern.api import load_llamagen, load_world
@@ -132,8 +146,7 @@ def main(argv: list[str]) -> None:
     a = parse_args(argv)
     out = Path(a.out)
     fmt = image_format(out)
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or write elsewhere")
+    check_out(out)
     if a.columns < 1:
         raise UserError(f"--columns {a.columns} must be >= 1")
     from lantern.api import generate, method_spec
@@ -156,7 +169,7 @@ def main(argv: list[str]) -> None:
     common = dict(seed=a.seed, mode=a.mode, sampling=sampling, batch_size=a.batch_size, compile=a.compile,
                   warmup=True, progress=not a.quiet)
     images = generate(world, conds, a.method, **common, **params)
-    with atomic_path(out) as tmp:
+    with atomic_path(out, elsewhere="give --out") as tmp:
         images.grid(a.columns).save(tmp, format=fmt)
     print(f"{images.point} ({a.mode}): {len(conds)} images, tau {images.tau:.2f}, {images.seconds:.2f} s decoding")
     if not a.no_baseline and images.method["name"] != "vanilla":

@@ -29,45 +29,76 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def disk_error(e: OSError, path: str | os.PathLike | None = None) -> UserError | None:
+def disk_error(e: OSError, path: str | os.PathLike | None = None, elsewhere: str = "set outdir to") -> UserError | None:
     """The one line for an OSError of a full or unwritable disk (None for any other OSError): the path, and what
-    to free or fix. `path`: the file being written (else the error's own file name)."""
+    to free or fix. `path`: the file being written (else the error's own file name); `elsewhere`: how the user
+    points the write at another folder (the pipeline's outdir, or a command's flag: "give --out")."""
     where = Path(path) if path else Path(e.filename) if e.filename else None
     at = f" {where}" if where else ""
     if e.errno in NO_SPACE:
         folder = where.parent if where else Path.cwd()
         return UserError(f"cannot write{at}: no space left on the device ({errno.errorcode[e.errno]}); free space on "
-                         f"the file system of {folder} (`df -h {folder}`) or set outdir to a disk with room, then run "
+                         f"the file system of {folder} (`df -h {folder}`) or {elsewhere} a disk with room, then run "
                          "again (finished files are kept, nothing half-written was left)")
     if e.errno in NO_ACCESS:
         name = {errno.EROFS: "read-only file system"}.get(e.errno, "permission denied")
         if path is None:  # the CLI's net: the failing call may have been a read as well as a write
             return UserError(f"cannot access{at}: {name} ({errno.errorcode[e.errno]}); make it and its folder "
-                             "accessible to this user (chmod / chown), or set outdir to a writable folder")
+                             f"accessible to this user (chmod / chown), or {elsewhere} a writable folder")
         return UserError(f"cannot write{at}: {name} ({errno.errorcode[e.errno]}); make {where.parent} writable for "
-                         "this user (chmod / chown) or set outdir to a writable folder")
+                         f"this user (chmod / chown) or {elsewhere} a writable folder")
     return None
 
 
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Make a folder's entries (a file created or renamed in it) durable: without it a power cut can lose a rename
+    that had returned. A file system that cannot sync a folder (some network mounts) is left to its own promise."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds. A full or
-    unwritable disk is one UserError naming `path` (the temporary file is removed, `path` left as it was)."""
+def atomic_path(path: str | os.PathLike, elsewhere: str = "set outdir to") -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds, durably: the file's
+    bytes are synced before the rename and its folder before and after it, so after a power cut `path` is either the
+    old file or the whole new one, never an empty or short file under the finished name. A full or unwritable disk
+    is one UserError naming `path` (the temporary file is removed, `path` left as it was); `elsewhere` is how the
+    user writes it elsewhere (disk_error)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as e:
-        raise (disk_error(e, path) or e) from None
+        raise (disk_error(e, path, elsewhere) or e) from None
     tmp = Path(tmp)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files private; results are ordinary files
+        fsync_file(tmp)  # the bytes reach the disk before the name points at them
+        fsync_folder(path.parent)  # and the temporary entry with them
         os.replace(tmp, path)
+        fsync_folder(path.parent)  # the rename itself
     except OSError as e:
         # a write into the temporary file names it (or nothing): the user's file is `path`
-        error = disk_error(e, path) if e.errno in NO_SPACE or e.filename in (None, str(tmp)) else None
+        error = disk_error(e, path, elsewhere) if e.errno in NO_SPACE or e.filename in (None, str(tmp)) else None
         if error is None:
             raise
         raise error from None

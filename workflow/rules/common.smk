@@ -12,6 +12,7 @@ from lantern.engine.methods import (decoder_spec, mode_points, needs_drafter, ne
                                    speculative)
 from lantern.errors import UserError
 from lantern.pipeline.cli import SHELL_PREFIX
+from lantern.pipeline.verify import check_before_jobs
 
 
 def validate(cfg):
@@ -262,3 +263,20 @@ def proximity_tokens(wildcards, input):
     if wildcards.name == "llamagen":
         return " ".join(shlex.quote(f"{shard}/stats.csv") for shard in input.tokens)
     return shlex.quote(input.tokens)
+
+
+# --- before the first job: the results already there (lantern.pipeline.verify) ---
+# Snakemake reads this file before it builds the DAG: existing shards, metrics files and tables are checked against
+# their records here, a damaged one is set aside (moved to {OUT}/damaged/) and what read a damaged or missing one is
+# marked out of date, so this same command redraws and recomputes them; damaged PNGs of a shard whose manifest and
+# stats.csv are sound are first redrawn from their tokens, and kept when they hold their recorded sha256. Dry runs, --lint, --unlock and the like
+# check nothing; LANTERN_VERIFY=digests hashes every file instead of the fast path on sizes and times.
+check_before_jobs(
+    workflow,
+    OUT,
+    {f"{OUT}/metrics/{m}/{p}.json": [f"{OUT}/gen/{m}/{p}/shard{j}" for j in SHARDS]
+     for m in MODES for p in sorted(mode_points(POINTS, m))},
+    f"{OUT}/tables",
+    vq_ckpt(),
+    threads_arg(1),  # the generate rule's
+)

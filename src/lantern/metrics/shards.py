@@ -1,6 +1,8 @@
 """What a finished generation shard holds, recorded in its manifest and checked before anything reads it.
 
-`lantern sample` writes `images` into the shard's manifest.json: the image count and the sha256 of every PNG.
+`lantern sample` writes `images` into the shard's manifest.json: the image count, the sha256 of every PNG (taken
+from the bytes it encoded, not reread from the disk) and its size; and `stats_table`: stats.csv's rows, size and
+sha256.
 `lantern evaluate`, `lantern tables` and `lantern figure samples` call `verify_shard` first, so a shard that lost,
 gained or changed an image stops them in one line naming the shard and how to redraw it (images are a function of
 the config and the seed: a redraw is byte-identical), instead of a metrics row computed on fewer images. Evaluate
@@ -18,16 +20,34 @@ from lantern.errors import UserError
 from lantern.io import sha256_file
 
 RECORD = "images"  # the manifest's key
+STATS_RECORD = "stats_table"  # stats.csv's record
 
 
 def image_name(i: int) -> str:
     return f"{i:06d}.png"
 
 
-def image_record(shard: Path, start: int, end: int) -> dict:
-    """The manifest's record of shard images start..end - 1, read from the files just written."""
-    digests = {image_name(i): sha256_file(shard / "images" / image_name(i)) for i in range(start, end)}
-    return {"count": len(digests), "sha256": digests}
+def image_record(shard: Path, start: int, end: int, written: dict[str, str] | None = None) -> dict:
+    """The manifest's record of shard images start..end - 1: `written` (name -> sha256 of the bytes encoded when
+    each image was written), checked against the files now there, and their sizes. A file that no longer holds its
+    bytes (a crash between write and disk) is one UserError: recording its digest now would make it verify.
+    written=None: the files' own digests (a shard assembled by hand)."""
+    folder = shard / "images"
+    if written is None:
+        written = {image_name(i): sha256_file(folder / image_name(i)) for i in range(start, end)}
+    for i in range(start, end):
+        name = image_name(i)
+        if written.get(name) is None or sha256_file(folder / name) != written[name]:
+            raise UserError(f"{folder / name} does not hold the image written for it; run the same command again "
+                            "(the finished images that verify are kept, this one is redrawn)")
+    names = [image_name(i) for i in range(start, end)]
+    return {"count": len(names), "sha256": {n: written[n] for n in names},
+            "bytes": {n: (folder / n).stat().st_size for n in names}}
+
+
+def stats_record(path: Path, rows: int) -> dict:
+    """The manifest's record of stats.csv, for the check before a run's first job (lantern.pipeline.verify)."""
+    return {"rows": rows, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def redraw(shard: Path) -> str:
@@ -36,6 +56,12 @@ def redraw(shard: Path) -> str:
     # one value (a bare --forcerun would swallow the targets after it).
     return (f"redraw it and what was computed from it: add `--forcerun={shard}` to the same snakemake command (its "
             "images are deterministic, so the redraw is byte-identical)")
+
+
+# A result computed from shards (a metrics file, the tables): the pipeline's check before its first job sets a
+# damaged one aside and marks a missing one's consumers out of date, so the same command remakes it.
+RECOMPUTE = ("run the same snakemake command again (its check before the first job sets the file aside, or marks "
+             "what reads it out of date, and recomputes it)")
 
 
 def read_manifest(shard: Path) -> dict:

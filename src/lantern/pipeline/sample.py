@@ -8,13 +8,17 @@ batched kernels. Per-image times of a batch are its wall time / B (throughput); 
 throughput, each image decoded once), and the batches start after them.
 The output folder appears only when the shard is complete (built in `<out>.partial`, then renamed). A killed job
 leaves its finished batches in `<out>.partial`; the rerun keeps them (they are byte-identical by construction) and
-decodes the rest, a batch always in full.
+decodes the rest, a batch always in full. Each image's row records the sha256 of the bytes encoded for it, and a
+rerun keeps an image only when its file is a readable image holding those bytes (a power cut can leave an empty or
+short file under a finished name on file systems that delay writes); any other is redrawn with its batch.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import platform
@@ -38,9 +42,9 @@ from lantern.engine.models.model import PAD_SEMANTICS
 from lantern.errors import UserError
 from lantern.engine.decoding.generate import generate
 from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed
-from lantern.io import atomic_path, not_a_file, read_structured, sha256_file, write_json
+from lantern.io import atomic_path, check_image, fsync_folder, not_a_file, read_structured, sha256_file, write_json
 from lantern.params import params_from
-from lantern.metrics.shards import RECORD, image_record
+from lantern.metrics.shards import RECORD, STATS_RECORD, image_name, image_record, stats_record
 from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
 from lantern.pipeline.progress import Progress
@@ -52,9 +56,18 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).cpu().numpy()
 
 
-def save_png(array: np.ndarray, path: Path) -> None:
+# a row's record of its image: the sha256 of the PNG bytes encoded for it (kept out of stats.csv)
+DIGEST = "png_sha256"
+
+
+def save_png(array: np.ndarray, path: Path) -> str:
+    """Write the PNG; return the sha256 of the bytes encoded (what the file must hold to be kept on a resume)."""
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    data = buf.getvalue()
     with atomic_path(path) as tmp:
-        Image.fromarray(array).save(tmp, format="PNG")
+        tmp.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def git_commit() -> str:
@@ -176,15 +189,47 @@ def job_identity(a) -> dict:
             "latency_images": a.latency_images, "compile": a.compile, "pad_semantics": a.pad_semantics}
 
 
+def read_json(path: Path):
+    """A JSON file's value, or None when it is not whole (a crash can leave an empty or short file)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def kept_image_fault(row_path: Path, images: Path) -> str | None:
+    """Why a finished row of a .partial folder cannot be kept (None: it can): its row unreadable, its image missing,
+    unreadable, or not the bytes recorded when it was written."""
+    row = read_json(row_path)
+    if not isinstance(row, dict) or not isinstance(row.get(DIGEST), str):
+        return f"its row {row_path.name} is not whole"
+    image = images / image_name(int(row_path.stem))
+    if not image.is_file():
+        return f"{image.name} is missing"
+    try:
+        check_image(image)
+    except UserError:
+        return f"{image.name} is not a readable image ({image.stat().st_size} bytes)"
+    if sha256_file(image) != row[DIGEST]:
+        return f"{image.name} does not hold the bytes written for it"
+    return None
+
+
 def resume_or_restart(partial: Path, identity: dict) -> None:
     marker = partial / "job.json"
     if partial.exists():
-        same = marker.is_file() and json.loads(marker.read_text()) == json.loads(json.dumps(identity))
-        kept = len(list((partial / "rows").glob("*.json"))) if same else 0
-        print(f"resuming {partial}: {kept} finished images kept" if same else
-              f"discarding {partial}: it was made by a different job")
+        same = marker.is_file() and read_json(marker) == json.loads(json.dumps(identity))
         if not same:
+            print(f"discarding {partial}: it was made by a different job")
             shutil.rmtree(partial)
+        else:
+            rows = sorted((partial / "rows").glob("*.json"))
+            for row_path in rows:
+                if (fault := kept_image_fault(row_path, partial / "images")) is not None:
+                    print(f"{partial}: not keeping image {row_path.stem}: {fault}; it is redrawn with its batch")
+                    row_path.unlink()
+            kept = len(list((partial / "rows").glob("*.json")))
+            print(f"resuming {partial}: {kept} finished images kept (each checked against its recorded digest)")
     partial.mkdir(parents=True, exist_ok=True)
     write_json(marker, identity)
 
@@ -312,7 +357,7 @@ def main(argv: list[str]) -> None:
                       a.pad_semantics)
     condition = Conditions(a, decoder.target)
     vq = load_vq(a.vq, device=str(device))
-    if decoder.target.args.vocab_size > vq.args.codebook_size:
+    if decoder.target.args.vocab_size != vq.args.codebook_size:
         raise UserError(f"--target {a.target} predicts {decoder.target.args.vocab_size} codes, but --vq {a.vq} decodes "
                         f"{vq.args.codebook_size}; give the VQ the target was trained with")
 
@@ -343,14 +388,14 @@ def main(argv: list[str]) -> None:
         for b, i in enumerate(batch):
             with torch.no_grad():  # one image at a time: its pixels never depend on the batch
                 image = to_uint8(vq.decode_code(tokens[b : b + 1].to(device)))[0]
-            save_png(image, partial / "images" / f"{i:06d}.png")
+            digest = save_png(image, partial / "images" / image_name(i))
             row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
                    "mode": a.mode, **stats[b].row(), "tokens": " ".join(map(str, tokens[b].tolist()))}
             if alone:
                 row[ALONE] = stats[b].time_total_s
             if timed:
                 row[ALONE_REFERENCE if alone else IN_JOB_REFERENCE] = plain[b].time_total_s
-            write_json(row_paths[b], row)
+            write_json(row_paths[b], {**row, DIGEST: digest})
         progress.update(len(batch), [s.tau for s in stats])
     progress.close()
 
@@ -358,6 +403,8 @@ def main(argv: list[str]) -> None:
     rows = [json.loads(p.read_text()) for p in sorted((partial / "rows").glob("*.json"))]
     if [r["image_index"] for r in rows] != list(range(a.start, a.end)):  # never rename a folder that lies
         raise RuntimeError(f"{partial} holds rows {[r['image_index'] for r in rows]}, not {a.start}..{a.end - 1}")
+    written = {image_name(r["image_index"]): r.pop(DIGEST) for r in rows}
+    images = image_record(partial, a.start, a.end, written)  # what evaluate, tables and figures check before reading
     with atomic_path(partial / "stats.csv") as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
     write_json(partial / "manifest.json", {
@@ -367,7 +414,7 @@ def main(argv: list[str]) -> None:
         "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
         "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
-        RECORD: image_record(partial, a.start, a.end),  # what evaluate, tables and figures check before reading
+        RECORD: images, STATS_RECORD: stats_record(partial / "stats.csv", len(rows)),
         "wall_s_this_run": time.time() - started,
         "environment": environment(device),
         "determinism": determinism_settings(device),  # after the work: a compiled job has loaded inductor by now
@@ -377,4 +424,5 @@ def main(argv: list[str]) -> None:
     if out.exists():
         shutil.rmtree(out)
     os.replace(partial, out)
+    fsync_folder(out.parent)  # the finished folder's name survives a power cut
     print(f"wrote {a.end - a.start} images to {out}")

@@ -27,7 +27,7 @@ import pandas as pd
 from lantern.engine import methods
 from lantern.errors import UserError
 from lantern.io import atomic_path, read_csv, read_structured
-from lantern.metrics.shards import verify_shard
+from lantern.metrics.shards import RECOMPUTE, expected_images, redraw, verify_shard
 from lantern.metrics.speed import (ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE, decoded_alone, in_job_speedup,
                                    in_job_speedup_se, round_anatomy, speedup_se)
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
@@ -64,19 +64,23 @@ def parse_ints(value) -> np.ndarray:
 
 
 def read_shard(shard: Path) -> tuple[pd.DataFrame, dict]:
-    for name in ("stats.csv", "manifest.json"):
-        if not (shard / name).is_file():
-            raise UserError(f"shard {shard} has no {name}; pass finished shard folders written by `lantern sample`")
-    # its images as many as its manifest records (evaluate checked their bytes when it computed the metrics row)
+    # its manifest first (a shard without one is no finished shard), then its images as many as it records
+    # (evaluate checked their bytes when it computed the metrics row)
     manifest = verify_shard(shard, digests=False)
-    stats = read_csv(shard / "stats.csv", "stats table", "regenerate the shard with `lantern sample`",
+    if not (shard / "stats.csv").is_file():
+        raise UserError(f"shard {shard} has no stats.csv; {redraw(shard)}")
+    stats = read_csv(shard / "stats.csv", "stats table", redraw(shard),
                      converters={c: str for c in LIST_COLUMNS}, keep_default_na=True)
     missing = [c for c in STATS_REQUIRED if c not in stats.columns]
     if missing:
-        raise UserError(f"{shard / 'stats.csv'} lacks column(s) {', '.join(missing)}; regenerate it with `lantern sample`")
+        raise UserError(f"{shard / 'stats.csv'} lacks column(s) {', '.join(missing)}; {redraw(shard)}")
+    recorded = len(expected_images(manifest))
+    if len(stats) != recorded:  # before any count is compared with a metrics row: the stats table is what is short
+        what = "short" if len(stats) < recorded else "long"
+        raise UserError(f"{shard / 'stats.csv'} is {what}: it holds {len(stats)} rows, but the shard's manifest "
+                        f"records {recorded} images; {redraw(shard)}")
     if not isinstance(manifest.get("method"), dict):
-        raise UserError(f"{shard / 'manifest.json'} is not a `lantern sample` manifest (no method); regenerate the "
-                        "shard")
+        raise UserError(f"{shard / 'manifest.json'} is not a `lantern sample` manifest (no method); {redraw(shard)}")
     return stats, manifest
 
 
@@ -247,14 +251,13 @@ def read_metrics(paths: list[Path]) -> dict[tuple[str, str], dict]:
     out = {}
     for path in paths:
         if not path.is_file():
-            raise UserError(f"metrics file {path} does not exist; run the metrics rule for it or drop it")
+            raise UserError(f"metrics file {path} does not exist; {RECOMPUTE}")
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"metrics file {path} is not valid JSON ({e}); rerun its metrics job") from None
+            raise UserError(f"metrics file {path} is not valid JSON ({e}); {RECOMPUTE}") from None
         if not isinstance(values, dict):
-            raise UserError(f"metrics file {path} holds a {type(values).__name__}, not a metrics row; rerun its "
-                            "metrics job")
+            raise UserError(f"metrics file {path} holds a {type(values).__name__}, not a metrics row; {RECOMPUTE}")
         out[mode_point(path, 0)] = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
     return out
 
@@ -321,8 +324,7 @@ def check_counts(mode: str, point: str, n_images: int, metrics: dict) -> None:
     used = metrics.get("n_generated")
     if used is not None and not pd.isna(used) and int(used) != n_images:
         raise UserError(f"metrics/{mode}/{point}.json was computed on {int(used)} images, but the shards of {mode}/"
-                        f"{point} hold {n_images}; rerun its evaluation (`rm` that file, then the same snakemake "
-                        "command)")
+                        f"{point} hold {n_images}; {RECOMPUTE}")
 
 
 def count_note(part: pd.DataFrame) -> list[str]:
