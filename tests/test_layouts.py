@@ -9,14 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from lantern.engine.models.chameleon import Chameleon
+from lantern.engine.models.chameleon_load import chameleon_from_hf, drafter_from_authors
 from lantern.engine.models.checkpoint import build, save_checkpoint
 from lantern.engine.models.drafter import Drafter, build_drafter
 from lantern.engine.models.model import GPT
 from lantern.engine.models.vq import VQModel
+from lantern.engine.models.vqgan import VQGAN, build_vqgan
 from lantern.errors import UserError
 from lantern.worlds.layouts import LAYOUTS, reader
 from test_convert import authors_drafter, hf_config, upstream_to_hf, write_drafter_folder, write_hf_folder
+from test_chameleon_decoding import authors_state
+from test_chameleon_vq import random_state_dict, write_vqgan
 from tiny import one_thread, tiny_target  # noqa: F401 (fixture)
+from tiny_chameleon import hf_logits, hf_model
 from tiny_llamagen import TINY_VQ, UpstreamVQ, upstream_gpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,23 +124,67 @@ def _authors_target(tmp_path):
     return target, (write_hf_folder(tmp_path / "hf", hf, hf_config(target)),), "lm_head.weight"
 
 
+CHAMELEON_LAYOUT = dict(cls_token_num=8, image_tokens=12, image_codes=16, uncond_prompt=(0, 21))
+
+
+def _chameleon_target(tmp_path):  # one model.safetensors (the sharded folders: tests/test_chameleon_model.py)
+    model = hf_model()
+    model.save_pretrained(tmp_path / "anole")
+    return model, (tmp_path / "anole",), "lm_head.weight"
+
+
+def _vqgan(tmp_path):  # a Lightning container with training keys and a pickled class, as released
+    sd = random_state_dict()
+    return sd, (write_vqgan(tmp_path / "tokenizer", sd), tmp_path / "tokenizer" / "vqgan.yaml"), \
+        "quantize.embedding.weight"
+
+
 CASES = {"llamagen-gpt": _gpt_file, "llamagen-vq": _vq_file, "llamagen-gpt-object": _gpt_object,
-         "llamagen-vq-object": _vq_object, "lantern-authors-target": _authors_target}
+         "llamagen-vq-object": _vq_object, "lantern-authors-target": _authors_target,
+         "chameleon-target": _chameleon_target, "chameleon-vqgan": _vqgan}
+KWARGS = {"chameleon-target": CHAMELEON_LAYOUT}  # the family's layout, which config.json does not say
+DRAFTERS = {"lantern-authors-drafter", "chameleon-authors-drafter"}  # read for a target: tests below
+
+
+def read_and_build(name, arguments):
+    """The layout's reader, then the engine's one build for its class."""
+    out = reader(name)(*arguments, **KWARGS.get(name, {}))
+    builds = LAYOUTS[name].builds
+    if builds == "Chameleon":
+        args, sd, where = out
+        return chameleon_from_hf(args, sd, arguments[0], where, dtype=torch.float64)
+    spec, sd = out
+    if builds == "VQGAN":
+        return build_vqgan(spec, sd, *arguments)
+    return build({"GPT": GPT, "VQModel": VQModel}[builds], spec, sd, name, None, "cpu")
 
 
 def test_every_layout_has_a_case_here():
-    assert set(CASES) | {"lantern-authors-drafter"} == set(LAYOUTS)
+    assert set(CASES) | DRAFTERS == set(LAYOUTS)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"chameleon-target"}))
 def test_each_reader_returns_what_the_engine_builds_into_the_same_model(tmp_path, name):
     model, arguments, _ = CASES[name](tmp_path)
-    spec, sd = reader(name)(*arguments)
-    make = {"GPT": GPT, "VQModel": VQModel}[LAYOUTS[name].builds]
-    built = build(make, spec, sd, name, None, "cpu")
-    theirs = {k: v for k, v in model.state_dict().items() if k in built.state_dict()}
+    built = read_and_build(name, arguments)
+    assert isinstance(built, {"GPT": GPT, "VQModel": VQModel, "VQGAN": VQGAN}[LAYOUTS[name].builds])
+    state = model if isinstance(model, dict) else model.state_dict()
+    theirs = {k: v for k, v in state.items() if k in built.state_dict()}
     assert theirs.keys() == built.state_dict().keys()
     assert all(torch.equal(v, theirs[k]) for k, v in built.state_dict().items())
+
+
+def test_the_chameleon_reader_builds_the_model_written(tmp_path):
+    """HF keys and the rotate-half layout become the engine's: the same model is the same function (float64)."""
+    hf, arguments, _ = _chameleon_target(tmp_path)
+    built = read_and_build("chameleon-target", arguments)
+    assert isinstance(built, Chameleon)
+    assert torch.equal(built.tok_embeddings.weight, hf.model.embed_tokens.weight)
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(9)[None].expand(2, -1)
+    _, full = hf_logits(hf, ids, pos)
+    _, hidden = built.run(built.embed_cond(ids), pos)
+    torch.testing.assert_close(built.full_logits(hidden), full.float(), atol=2e-6, rtol=1e-6)
 
 
 def test_upstream_file_takes_its_spec_from_the_caller(tmp_path):
@@ -145,22 +195,22 @@ def test_upstream_file_takes_its_spec_from_the_caller(tmp_path):
         reader("llamagen-gpt")(arguments[0], {**arguments[1], "num_classes": 7})
 
 
-@pytest.mark.parametrize("name", ["llamagen-gpt", "llamagen-vq", "lantern-authors-target"])
+@pytest.mark.parametrize("name", ["llamagen-gpt", "llamagen-vq", "lantern-authors-target", "chameleon-target",
+                                  "chameleon-vqgan"])
 def test_a_file_missing_a_key_is_one_line_naming_it(tmp_path, name):
     _, arguments, key = CASES[name](tmp_path)
     path = Path(arguments[0])
-    if path.is_dir():  # the authors' folder: rewrite its weights without the key
+    if path.is_dir():  # an HF folder: rewrite its weights without the key
         from safetensors.torch import load_file, save_file
 
         sd = load_file(path / "model.safetensors")
-        save_file({k: v for k, v in sd.items() if k != key}, path / "model.safetensors")
-    else:
-        obj = torch.load(path, weights_only=True)
-        obj["model"].pop(key)
+        save_file({k: v for k, v in sd.items() if k != key}, path / "model.safetensors", metadata={"format": "pt"})
+    else:  # our .pt files and upstream's hold "model"; a Lightning checkpoint holds "state_dict" (and a class)
+        obj = torch.load(path, weights_only=False)
+        obj["model" if "model" in obj else "state_dict"].pop(key)
         torch.save(obj, path)
     with pytest.raises(UserError) as e:
-        spec, sd = reader(name)(*arguments)
-        build({"GPT": GPT, "VQModel": VQModel}[LAYOUTS[name].builds], spec, sd, path, None, "cpu")
+        read_and_build(name, arguments)
     assert "\n" not in str(e.value) and (key in str(e.value) or key.replace("lm_head", "output") in str(e.value))
 
 
@@ -172,6 +222,24 @@ def test_the_authors_drafter_reader_builds_a_drafter_for_its_target(tmp_path):
     assert isinstance(drafter, Drafter) and set(sd) == set(drafter.trained_state())
     assert torch.equal(drafter.tok_embeddings.weight, weights["embed_tokens.weight"].float())
     assert torch.equal(drafter.output.weight, target.output.weight)
+
+
+def test_the_authors_chameleon_drafter_reader_builds_a_drafter_for_its_target(tmp_path):
+    import json
+
+    target = read_and_build("chameleon-target", _chameleon_target(tmp_path)[1])
+    sd, hf, _ = authors_state(target)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(dict(hf.config.to_dict(), num_hidden_layers=1, bias=True),
+                                                           default=str))
+    torch.save(sd, tmp_path / "d" / "pytorch_model.bin")
+    cfg, read, where = reader("chameleon-authors-drafter")(tmp_path / "d")
+    assert cfg["num_hidden_layers"] == 1 and set(where.values()) == {str(tmp_path / "d" / "pytorch_model.bin")}
+    drafter = drafter_from_authors(read, tmp_path / "d", target, where)
+    assert torch.equal(drafter.fc.weight, sd["fc.weight"]) and torch.equal(drafter.fc.bias, sd["fc.bias"])
+    with pytest.raises(UserError, match=r"/d: missing tensor fc.bias") as e:
+        drafter_from_authors({k: v for k, v in read.items() if k != "fc.bias"}, tmp_path / "d", target, where)
+    assert "\n" not in str(e.value)
 
 
 # -- the API, the CLI and the config check call the same reader ----------------------------------------------------------

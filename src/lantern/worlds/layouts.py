@@ -3,6 +3,9 @@
 A reader lives under its world's folder and returns (spec, state dict): the model's config and its tensors in the
 engine's key names, every key and shape checked, errors one line naming the file (or flag) and the key. The engine
 then builds the model in one place (`engine/models/checkpoint.build`; drafters: `drafter.build_drafter`).
+Chameleon's HF folders are sharded and keep HF key names: their readers return (spec, state dict, key -> file),
+and the engine's `chameleon_load` checks every key and shape (naming the shard) as it builds; the taming VQGAN's
+builder is `vqgan.build_vqgan`.
 `lantern.api`, the `lantern` CLI and the pipeline's config check read released files only through these readers;
 `tests/test_layouts.py` holds every module to that. A new family adds its layouts here (docs/development.md,
 "Add a model family").
@@ -35,6 +38,14 @@ LAYOUTS = {
                                      "the LANTERN authors' HF-format LlamaGen target folder (config.json + weights)"),
     "lantern-authors-drafter": Layout("lantern.worlds.llamagen.hf:read_authors_drafter", "Drafter",
                                       "the LANTERN authors' HF-format LlamaGen drafter folder (config.json + weights)"),
+    "chameleon-target": Layout("lantern.worlds.chameleon.hf:read_target_folder", "Chameleon",
+                               "a Chameleon HF folder (Anole-7b-v0.1-hf, Lumina-mGPT-7B-768): config.json + "
+                               "safetensors shards and their index, or one model.safetensors"),
+    "chameleon-authors-drafter": Layout("lantern.worlds.chameleon.hf:read_drafter_folder", "ChameleonDrafter",
+                                        "the LANTERN authors' Chameleon drafter folder (jadohu/anole_drafter, "
+                                        "sihwanpark/LANTERN-Lumina-mGPT-7B-768): config.json + weights"),
+    "chameleon-vqgan": Layout("lantern.worlds.chameleon.vqgan:read_vqgan", "VQGAN",
+                              "Chameleon's taming VQGAN: tokenizer/vqgan.ckpt (Lightning) + tokenizer/vqgan.yaml"),
 }
 
 
