@@ -31,9 +31,9 @@ class TrainerState:
         self.best = best
 
 
-def random_state_dict(attn_resolutions=(), seed=0) -> dict:
+def random_state_dict(attn_resolutions=(), seed=0, n_embed=16) -> dict:
     torch.manual_seed(seed)
-    spec = VQGANSpec(embed_dim=8, n_embed=16, z_channels=8, ch=32, ch_mult=(1, 2), num_res_blocks=1,
+    spec = VQGANSpec(embed_dim=8, n_embed=n_embed, z_channels=8, ch=32, ch_mult=(1, 2), num_res_blocks=1,
                      attn_resolutions=tuple(attn_resolutions), resolution=8)
     sd = VQGAN(spec).state_dict()
     for k, v in sd.items():  # GroupNorm's ones / zeros would hide a swapped weight and bias
@@ -52,7 +52,8 @@ def write_vqgan(folder, sd=None, dd=None, lightning=True):
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(obj if lightning else {"state_dict": sd}, folder / "vqgan.ckpt")
     cfg = {"model": {"target": "taming.models.vqgan.VQModel",
-                     "params": {"embed_dim": 8, "n_embed": 16, "ddconfig": dict(DD, **(dd or {})),
+                     "params": {"embed_dim": 8, "n_embed": len(sd.get("quantize.embedding.weight", range(16))),
+                                "ddconfig": dict(DD, **(dd or {})),
                                 "lossconfig": {"target": "taming.modules.losses.DummyLoss"}}}}
     (folder / "vqgan.yaml").write_text(yaml.safe_dump(cfg))
     return folder / "vqgan.ckpt"

@@ -310,3 +310,17 @@ def test_layouts_refuse_what_is_not_built_yet(toy_pair):
         with pytest.raises(UserError, match="chain drafting, eager"):
             decode(target, drafter, torch.arange(1), SamplingParams(), AcceptRule(), kind, gens(1), layout=TOY,
                    compile=compile)
+
+
+def test_head_layout_is_the_same_sequence_in_the_chameleon_heads_columns():
+    """Chameleon's head exposes the codes as columns 0..8191 and the layout's eol / eoi after them: mapping the
+    head-space sequence's columns back to ids gives the authors' sequence."""
+    from lantern.engine.models.layout import head_layout
+
+    head, extra = head_layout(LUMINA_MGPT_768)
+    assert extra == (8803, 8196) and (head.eol, head.eoi, head.code_offset, head.vocab) == (8192, 8193, 0, 8194)
+    assert (head.rows, head.cols, head.steps, head.prefix) == (48, 48, 2353, ())
+    codes = torch.randint(0, 8192, (2, 48, 48), generator=torch.Generator().manual_seed(0))
+    ids = torch.cat([torch.arange(4, 8196), torch.tensor(extra)])  # column -> token id (Chameleon.head_ids)
+    assert torch.equal(ids[codes_to_ids(head, codes)], codes_to_ids(LUMINA_MGPT_768, codes))
+    assert head_layout(ANOLE) == (Layout("anole", 32, 32, code_offset=0, codebook=8192, vocab=8192), ())

@@ -15,12 +15,14 @@ import torch
 
 from lantern.pipeline import cli
 from tiny import one_thread  # noqa: F401 (fixture)
+from tiny_chameleon import write_world
 from tiny_llamagen import SIZE, UpstreamVQ, released_like_vq, write_released_like
 from upstream_llamagen import ModelArgs, Transformer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "python.md"
 FILES_MARK = "# Your files."
 MODELS_MARK = "# Your models, built by LlamaGen's own code."
+CHAMELEON_MARK = "# Your Chameleon files."
 
 
 def python_blocks() -> list[str]:
@@ -61,21 +63,26 @@ def llamagen_modules(monkeypatch) -> None:
 def test_every_python_block_of_the_page_runs(tmp_path, monkeypatch, capsys, one_thread):  # noqa: F811
     blocks = python_blocks()
     assert len(blocks) >= 8
-    marked = [b for b in blocks if b.startswith((FILES_MARK, MODELS_MARK))]
-    assert len(marked) == 2, "the files block and the models block start with their marks"
+    marked = [b for b in blocks if b.startswith((FILES_MARK, MODELS_MARK, CHAMELEON_MARK))]
+    assert len(marked) == 3, "the files blocks and the models block start with their marks"
 
     files = write_released_like(tmp_path / "files")
     table = tmp_path / "files" / "l2_K200.pt"
     assert cli.main(["neighbours", "--vq", files["vq_ckpt"], "--out", str(table), "--params", '{"k": 200}']) == 0
     stand_in = {"GPT_CKPT": files["gpt_ckpt"], "VQ_CKPT": files["vq_ckpt"], "DRAFTER": files["drafter_ckpt"],
                 "AUTHORS_DRAFTER": files["authors_drafter"], "NEIGHBOURS": str(table), "SIZE": SIZE}
+    chameleon = write_world(tmp_path / "chameleon")  # a 4 x 4 grid at 64 px (the tiny VQGAN draws 8 x 8)
+    stand_ins = {FILES_MARK: stand_in, CHAMELEON_MARK: {
+        "LUMINA": chameleon["target"], "VQGAN": chameleon["vqgan_ckpt"], "TOKENIZER": chameleon["tokenizer"],
+        "LUMINA_DRAFTER": chameleon["drafter"], "PIXELS": 64}}
     llamagen_modules(monkeypatch)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "python_md"}
     for i, code in enumerate(blocks):
-        if code.startswith(FILES_MARK):
-            assert bound_names(code) == set(stand_in), "the stand-ins bind exactly the names the block binds"
-            namespace.update(stand_in)
+        mark = next((m for m in stand_ins if code.startswith(m)), None)
+        if mark:
+            assert bound_names(code) == set(stand_ins[mark]), "the stand-ins bind exactly the names the block binds"
+            namespace.update(stand_ins[mark])
             continue
         exec(compile(code, f"docs/python.md block {i + 1}", "exec"), namespace)
     printed = capsys.readouterr().out
@@ -85,3 +92,5 @@ def test_every_python_block_of_the_page_runs(tmp_path, monkeypatch, capsys, one_
     assert "method.k = 500 is larger than neighbours.max_k = 200" in printed
     assert isinstance(namespace["gpt"], Transformer) and namespace["out"].pixels.shape == (1, 256, 256, 3)
     assert torch.equal(namespace["world"].target.output.weight, namespace["gpt"].output.weight)
+    assert namespace["lumina"].layout.rows == 4 and namespace["cat"].pixels.shape == (1, 8, 8, 3)
+    assert f"{namespace['cat'].point} (1, 8, 8, 3) tau " in printed

@@ -11,7 +11,8 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Images", "World", "generate", "load_llamagen", "load_world", "method_spec", "methods"]
+__all__ = ["Images", "World", "generate", "load_chameleon", "load_llamagen", "load_world", "method_spec", "methods"]
+HOMES = {"load_chameleon": "lantern.api_chameleon"}  # every other name lives in lantern.api
 
 
 def __getattr__(name: str) -> Any:
@@ -19,7 +20,7 @@ def __getattr__(name: str) -> Any:
         # By name, at first use: pipeline modules read lantern.__version__, and this package is complete by the time
         # an API name is asked for, so loading lantern.api here is no import cycle (an import statement would read as
         # one to tests/test_layers.py).
-        return getattr(importlib.import_module("lantern.api"), name)
+        return getattr(importlib.import_module(HOMES.get(name, "lantern.api")), name)
     raise AttributeError(f"module 'lantern' has no attribute {name!r}")
 
 

@@ -37,15 +37,19 @@ class World:
     """The models of one world, loaded once on one device and dtype: `target` (the LlamaGen-family GPT), `vq` (its
     tokenizer), `drafter` (None when the world has none: only plain AR and Jacobi drafting run), the neighbour table
     of the relaxed methods (loaded, or built from the VQ codebook on first use, `max_k` columns), and for the toy
-    world its `class_names`."""
+    world its `class_names`. A world of another family (lantern.api_chameleon) also gives its `layout` (forced
+    structural tokens, engine/models/layout.py), `prompts` (conditions -> (cond, cond_mask, what each stats row
+    says)), `pixels` (codes [1, N] -> uint8 [1, H, W, 3]) and its authors' `sampling` defaults."""
 
     def __init__(self, name: str, target: nn.Module, vq: nn.Module, drafter: nn.Module | None = None,
                  neighbours: Tensor | None = None, max_k: int | None = None, metric: str = NEIGHBOURS_METRIC,
-                 class_names: Sequence[str] | None = None, t5: tuple | None = None):
+                 class_names: Sequence[str] | None = None, t5: tuple | None = None, layout=None, prompts=None,
+                 pixels=None, sampling: dict | None = None):
         from lantern.engine.rules.neighbours import NeighbourParams
 
         NeighbourParams(metric=metric)  # l2 or cosine, with the config's message
         self.name, self.target, self.vq, self.drafter = name, target, vq, drafter
+        self.layout, self._prompts, self._pixels, self.sampling = layout, prompts, pixels, dict(sampling or {})
         self.device = target.output.weight.device
         self.class_names = tuple(class_names) if class_names else None
         self.metric, self._t5 = metric, t5
@@ -62,8 +66,8 @@ class World:
 
     @property
     def model_type(self) -> str:
-        """c2i (class ids, or class names for the toy world) or t2i (captions)."""
-        return self.target.args.model_type
+        """c2i (class ids, or class names for the toy world) or t2i (captions; a Chameleon target's text prompts)."""
+        return getattr(self.target.args, "model_type", "t2i")
 
     def neighbour_table(self, width: int) -> Tensor:
         """The first `width` columns of the neighbour table on the world's device ([codes, width], nearest first);
@@ -82,7 +86,8 @@ class World:
     def __repr__(self) -> str:
         a = self.target.args
         drafter = "a drafter" if self.drafter is not None else "no drafter"
-        return (f"World({self.name!r}: {a.model_type} GPT {a.n_layer} layers x {a.dim}, {a.image_tokens} tokens, "
+        return (f"World({self.name!r}: {self.model_type} {type(self.target).__name__} {a.n_layer} layers x {a.dim}, "
+                f"{a.image_tokens if self.layout is None else self.layout.codes} tokens, "
                 f"{a.vocab_size} codes, {drafter}, on {self.device})")
 
 
@@ -349,6 +354,8 @@ def _integer(value) -> int | None:
 def _conditions(world: World, conditions) -> tuple[Tensor, Tensor | None, list[dict]]:
     """(cond, cond_mask, what each image's stats row says about its condition) for `conditions`."""
     a = world.target.args
+    if world._prompts is not None:
+        return world._prompts(conditions)
     if a.model_type == "t2i":
         return _captions(world, conditions)
     if isinstance(conditions, (str, numbers.Number, np.generic)) or (
@@ -411,7 +418,8 @@ def _decoder(world: World, spec: dict, params, compile: bool):
     if not speculative(spec):
         from lantern.engine.decoding.generate import generate as ar
 
-        return lambda cond, gens, mask: ar(world.target, cond, params, gens, mask, compile=compile)
+        return lambda cond, gens, mask: ar(world.target, cond, params, gens, mask, compile=compile,
+                                           layout=world.layout)
     from lantern.engine.decoding.speculative import decode
 
     if needs_drafter(spec) and world.drafter is None:
@@ -421,7 +429,7 @@ def _decoder(world: World, spec: dict, params, compile: bool):
     table = world.neighbour_table(accept.table_width) if accept.table_width else None
     drafter = world.drafter if needs_drafter(spec) else None
     return lambda cond, gens, mask: decode(world.target, drafter, cond, params, accept, draft, gens, table, mask,
-                                           compile=compile)
+                                           compile=compile, layout=world.layout)
 
 
 def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: int = 0, first_index: int = 0,
@@ -437,7 +445,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     --batch-size`, so two methods given one seed share each image's random stream (batch 1, the default, times
     each image alone: the paper's latency; larger batches give throughput). mode: sampling, or greedy
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
-    temperature, top_k, top_p (defaults: the default run's, CFG 2). compile: torch.compile the verify / decode
+    temperature, top_k, top_p (defaults: the default run's, CFG 2; a Chameleon world's: its authors', CFG 3, top-k
+    2000). compile: torch.compile the verify / decode
     step (auto: on CUDA). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
     stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
@@ -458,7 +467,9 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
             raise UserError(f"{name} = {value!r} must be an integer >= {low}")
     batch_size, seed, first_index = checked["batch_size"], checked["seed"], checked["first_index"]
     spec = method_spec(method, world.max_k, **params)
-    sampling_params = _sampling(sampling, mode)
+    if sampling is not None and not isinstance(sampling, dict):
+        raise UserError(f"sampling = {sampling!r} must be a dict such as {{'cfg_scale': 2.0, 'top_k': 0}}")
+    sampling_params = _sampling({**world.sampling, **(sampling or {})}, mode)
     cond, mask, described = _conditions(world, conditions)
     compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
     run = _decoder(world, spec, sampling_params, compiled)
@@ -476,7 +487,9 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
                                None if mask is None else mask[rows])
         for b, i in enumerate(batch):
             with torch.no_grad():  # one image at a time, as `lantern sample`: its pixels never depend on the batch
-                pixels.append(to_uint8(world.vq.decode_code(out[b : b + 1].to(world.device)))[0])
+                codes = out[b : b + 1].to(world.device)
+                pixels.append((to_uint8(world.vq.decode_code(codes)) if world._pixels is None
+                               else world._pixels(codes))[0])
             stats.append({"image_index": i, "seed": image_seed(seed, i), **described[i - first_index],
                           "method": spec["name"], "mode": mode, **batch_stats[b].row()})
         tokens.append(out.cpu())

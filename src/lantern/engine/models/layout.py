@@ -91,6 +91,17 @@ def lumina_layout(pixels: int) -> Layout:
                   eoi=8196)
 
 
+def head_layout(layout: Layout) -> tuple[Layout, tuple[int, ...]]:
+    """(the layout in a Chameleon target's head space, the head's extra ids). `Chameleon` sees code c as column c
+    and exposes its `extra_ids` after the codes (engine/models/chameleon.py), so the decoders feed eol as column
+    codebook and eoi as the next: the same sequence, the tokens embedded by their ids. The prefix goes with the
+    prompt (the family's prompt builder), so it is dropped here."""
+    extra = tuple(t for t in (layout.eol, layout.eoi) if t is not None)
+    column = {t: layout.codebook + j for j, t in enumerate(extra)}
+    return Layout(layout.name, layout.rows, layout.cols, eol=column.get(layout.eol), eoi=column.get(layout.eoi),
+                  code_offset=0, codebook=layout.codebook, vocab=layout.codebook + len(extra)), extra
+
+
 # -- steps and codes -----------------------------------------------------------------------------------------------
 def forced_tokens(layout: Layout, device=None) -> Tensor:
     """[steps] long: the token forced at each generated step, -1 where a code is generated. Lumina: 8803 at every
