@@ -16,7 +16,8 @@ import yaml
 
 from lantern.errors import UserError
 from lantern.params import check_device_name
-from lantern.pipeline.config_inputs import check_llamagen_inputs, check_outdir, check_vq_downsample
+from lantern.pipeline.config_inputs import (check_chameleon_inputs, check_llamagen_inputs, check_outdir,
+                                            check_vq_downsample)
 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -91,6 +92,10 @@ def codebook_size(cfg: dict) -> int:
             return int(read_codebook(cfg["llamagen"]["vq_ckpt"]).shape[0])
         except UserError as e:
             raise UserError(f"config: llamagen.vq_ckpt: {e}") from None
+    if cfg["world"] == "chameleon":  # the family's VQGAN: 8192 codes
+        from lantern.engine.models.chameleon import IMAGE_CODES
+
+        return IMAGE_CODES
     from lantern.hparams import VQParams
 
     return int(cfg["toy"]["vq"].get("codebook_size", VQParams().codebook_size))
@@ -455,6 +460,9 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     check_device_name(cfg["device"], "config: device")
     check_outdir(cfg)
     _fill_llamagen(cfg)
+    if cfg["world"] == "chameleon":  # the recipe's methods are checked, then every missing file named; it refuses
+        _check_methods(cfg)
+        check_chameleon_inputs(cfg)
     _check_paths(cfg)
     _check_methods(cfg)
     _check_metric_sizes(cfg)

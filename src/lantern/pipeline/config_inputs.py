@@ -179,3 +179,43 @@ def check_llamagen_inputs(cfg: dict, source: str, spec: dict, authors_target: bo
         check_authors_drafter(cfg, spec, authors_target)
     elif source == "train":
         check_drafter_images(cfg)
+
+
+# -- the Chameleon-family world ---------------------------------------------------------------------------------------
+CHAMELEON_NOT_YET = ("config: world chameleon: the pipeline's jobs (lantern sample, neighbours, evaluate) load toy "
+                     "and LlamaGen worlds only, so this recipe cannot run through Snakemake yet; generate its images "
+                     "from Python with lantern.load_chameleon (docs/python.md)")
+
+
+def chameleon_files(cfg: dict) -> list[tuple[str, str, str]]:
+    """(config key, path, "file" or "folder") of every input a Chameleon run reads: the family's released files,
+    its prompt set, and the metrics' weights and real images."""
+    ch, m = cfg["chameleon"], cfg["metrics"]
+    drafted = any(x["name"] != "vanilla" and x.get("drafting", "chain") != "jacobi" for x in cfg["sweep"]["methods"])
+    yaml_path = ch["vqgan_yaml"] or (str(Path(ch["vqgan_ckpt"]).with_name("vqgan.yaml")) if ch["vqgan_ckpt"] else "")
+    files = [("chameleon.target", ch["target"], "folder"), ("chameleon.vqgan_ckpt", ch["vqgan_ckpt"], "file"),
+             ("chameleon.vqgan_yaml", yaml_path, "file"), ("chameleon.tokenizer", ch["tokenizer"], "file"),
+             ("chameleon.prompts.coco_captions", ch["prompts"]["coco_captions"], "file")]
+    if drafted:
+        files.insert(1, ("chameleon.drafter", ch["drafter"], "folder"))
+    files.append(("metrics.reference", m["reference"], "folder" if not m["reference"].endswith(".npz") else "file"))
+    if m["fid_extractor"] == "inception-v3-compat":
+        files.append(("metrics.inception_weights", m["inception_weights"], "file"))
+    if m["vgg16_weights"]:
+        files.append(("metrics.vgg16_weights", m["vgg16_weights"], "file"))
+    if m["clip_model"] != "toy":
+        files.append(("metrics.clip_ckpt", m["clip_ckpt"], "file"))
+    return files
+
+
+def check_chameleon_inputs(cfg: dict) -> None:
+    """Names every missing input of a Chameleon run, one line each, then says that the pipeline cannot run the
+    world yet: it always refuses, so that no recipe validates and then fails in its first job."""
+    missing = []
+    for key, path, kind in chameleon_files(cfg):
+        there = bool(path) and (Path(path).is_dir() if kind == "folder" else Path(path).is_file())
+        if not there:
+            missing.append(f"  {key}: {kind} {path} does not exist" if path else f"  {key} is empty; set it")
+    head = [f"config: world chameleon ({cfg['chameleon']['family']}): {len(missing)} input(s) to place (or fix "
+            "the paths):", *missing] if missing else []
+    raise UserError("\n".join([*head, CHAMELEON_NOT_YET]))
