@@ -90,6 +90,9 @@ def load_chameleon(family: str, target, vqgan_ckpt, tokenizer, drafter=None, vqg
     model = load_target(target, dtype=dtype, device=str(where), cls_token_num=prompt_tokens, image_tokens=steps,
                         image_offset=IMAGE_OFFSET, image_codes=vocab.num_codes, extra_ids=extra,
                         pad_id=vocab.id("<pad>"), uncond_prompt=null)
+    if vocab.size > model.args.text_vocab:
+        raise UserError(f"tokenizer {tokenizer} names ids up to {vocab.size - 1}, beyond the {model.args.text_vocab} "
+                        f"rows of {target}'s embedding; give the model's own tokenizer")
     agent = load_drafter(drafter, model) if drafter is not None else None
     pad = model.args.pad_id
 
