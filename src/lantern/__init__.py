@@ -1,6 +1,7 @@
 """lantern-pipeline: relaxed speculative decoding for visual autoregressive image models.
 
-The Python API (docs/python.md): `load_world("toy")` or `load_llamagen(gpt_ckpt=..., vq_ckpt=...)`, then
+The Python API (docs/python.md): `load_world("toy")`, `load_llamagen(gpt_ckpt=..., vq_ckpt=...)` or
+`load_chameleon("lumina-mgpt", target=..., vqgan_ckpt=..., tokenizer=...)`, then
 `generate(world, conditions, "lantern", delta=0.1, k=3)`; `methods()` lists the decoding methods. Its names are
 imported on first use, so `import lantern` stays cheap (no torch until a world is loaded).
 """
