@@ -145,13 +145,23 @@ def test_coupling_changes_the_draws_not_the_seeding():
     assert not torch.equal(out["independent"], out["maximal"]) and not torch.equal(out["independent"], out["gumbel"])
 
 
-def test_compiled_rounds_leave_coupled_jacobi_eager():
-    target, params = tiny_target(), SamplingParams()
-    assert isinstance(rounds_for(Jacobi(4), target, None, params, AcceptRule(), None, 2, compile=True),
-                      GraphJacobiRounds)
-    for c in ("maximal", "gumbel"):
-        rounds = rounds_for(Jacobi(4, c), target, None, params, AcceptRule(), None, 2, compile=True)
-        assert type(rounds) is JacobiRounds
+@pytest.mark.parametrize("c", ["maximal", "gumbel"])
+@pytest.mark.parametrize("greedy, window", [(False, 1), (False, 6), (True, 6)])
+def test_compiled_rounds_equal_eager(monkeypatch, c, greedy, window):
+    """compile=True runs a coupled iteration as jacobi_graph.jacobi_round (its fixed width, finished images as
+    padding; inductor left out, as tests/test_compile_verify.py's static_eager): the tokens of one by one."""
+    from lantern.engine.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    target = tiny_target(scale=8.0).double()
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy)
+    assert type(rounds_for(Jacobi(window, c), target, None, params, AcceptRule(), None, 4, True)) is GraphJacobiRounds
+    rule = AcceptRule("lantern", delta=0.2, k=5)
+    want, want_stats = one_by_one(target, None, torch.arange(4), params, rule, Jacobi(window, c), gens(4, 3), TABLE)
+    got, stats = decode(target, None, torch.arange(4), params, rule, Jacobi(window, c), gens(4, 3), TABLE,
+                        compile=True)
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+    assert type(rounds_for(Jacobi(window, c), target, None, params, rule, TABLE, 4)) is JacobiRounds
 
 
 def test_the_registry_knows_the_couplings():

@@ -12,7 +12,8 @@ token at target position Q:
    prefix of argmaxes, then the argmax); every acceptance rule of the registry applies unchanged;
 4. refine: the tokens after the first rejection are redrawn from this iteration's P at their positions (their
    prefix changed, so these are the Jacobi guesses), P_{L+1} included, and carried to the next iteration with
-   those P as their q.
+   those P as their q; independently (SJD), or coupled to the token each position held (`Jacobi.coupling`:
+   SCD's maximal or Gumbel coupling, coupling.py, which states why every coupling stays exact).
 Exactness: every draft was drawn from a distribution fixed before its verification's uniform, so this is
 speculative sampling, and under `exact` each image's tokens are distributed as plain AR's (tests/test_jacobi.py
 checks it by chi-square; greedy Jacobi decoding reproduces greedy AR). Fresh tokens are uniform draws, our reading

@@ -22,11 +22,9 @@ from lantern.engine.rules.acceptance import AcceptRule
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
-    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py); Jacobi drafting only
-    with independent re-drafts (SJD), a coupled one runs its eager rounds."""
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too)."""
     if isinstance(drafting, Jacobi):
-        # coupled re-drafts (coupling.py) run eager: jacobi_graph.py's round re-drafts independently (SJD)
-        graph = compile and graph_capturable(rule) and drafting.coupling == "independent"
+        graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
