@@ -70,8 +70,8 @@ def joint_pvalue(c, scale, top_k, cfg, seed, window, n, B=50):
 
 
 # (scale, top_k, cfg, seed, window, images): the maximal coupling's error shows only where a position's distribution
-# moves little when the token before it changes, so its case is one such tiny target (the broken variant fails it at
-# p ~ 1e-7 with 3000 images, 6000 give margin); the Gumbel cases are those of tests/test_jacobi.py
+# moves little when the token before it changes, so its case is one such tiny target (at 6000 images the broken
+# variant gives p 2e-13, the coupling 0.82); the Gumbel cases are those of tests/test_jacobi.py
 CASES = {
     "maximal": [(15.0, 0, 1.0, 1, 3, 6000)],
     "gumbel": [(15.0, 0, 1.0, 1, 3, 3000), (30.0, 2, 2.0, 0, 2, 1000), (4.0, 0, 1.0, 0, 3, 1000)],
