@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--forgetting", type=int, default=0, metavar="D", help="also the TV at offsets 1..D after a changed token")
+    ap.add_argument("--forgetting", type=int, default=0, metavar="D",
+                    help="also the mean TV at offsets 1..D after a changed token")
     ap.add_argument("--out", help="also write the table as CSV")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
