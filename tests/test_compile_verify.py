@@ -88,13 +88,14 @@ def test_width_beyond_budget_is_refused(f64):
 
 @pytest.mark.parametrize("kind, rule", [("chain", "lantern"), ("twin_chain_8", "lantern"), ("dynamic", "lantern"),
                                         ("jacobi", "lantern"), ("jacobi", "gsd"), ("chain", "coolsd"),
-                                        ("chain", "lanterntv"), ("small", "gsd")])
+                                        ("chain", "lanterntv"), ("small", "gsd"), ("jacobi-maximal", "exact"),
+                                        ("jacobi-gumbel", "lantern")])
 def test_compiled_verify_gives_eager_tokens(trained, kind, rule):
     """Inductor's compiled rounds (float32) against the eager batched decoder: the same tokens and rounds; each
     kind compiles once, and a second batch of the same shape reuses the graph."""
     target, drafter = trained
     rule, params = ALL_RULES[rule], SamplingParams(cfg_scale=2.0, top_k=8)
-    k = Jacobi(6) if kind == "jacobi" else KINDS[kind]
+    k = Jacobi(6, *kind.split("-")[1:]) if kind.startswith("jacobi") else KINDS[kind]  # jacobi-<coupling>
     cond = torch.tensor([0, 3, 1])
     before = counters["stats"]["unique_graphs"]
     for seed in (0, 1):

@@ -23,6 +23,8 @@ SPECS = [
     {"name": "exact", "drafting": "dynamic", "total_tokens": 8, "depth": 3, "top_k": 3},
     {"name": "exact", "drafting": "jacobi", "window": 4},  # SJD
     {"name": "gsd", "drafting": "jacobi", "window": 4, "group": 4, "k": 4},  # GSD
+    {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": "maximal"},  # SCD, SJD-PAC's continuation
+    {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": "gumbel"},  # SCD's Gumbel noise
     {"name": "gsd", "drafting": "chain", "gamma": 3, "group": 4, "k": 4},
 ]
 

@@ -142,6 +142,10 @@ DEPTH = Param("depth", "dynamic tree: expansions after the root's children", kin
               tag="depth", named="custom")
 WINDOW = Param("window", "Jacobi: window tokens verified per target forward (SJD's L)", kind="int", default=16, low=1,
                tag="w", symbol="L")
+COUPLING = Param("coupling", "Jacobi: how the window after the accepted prefix is re-drafted: independent (SJD), "
+                 "maximal (SCD's maximal coupling, the same iteration as SJD-PAC's adaptive continuation) or gumbel "
+                 "(SCD's Gumbel coupling); all exact", kind="choice", default="independent",
+                 choices=("independent", "maximal", "gumbel"), named="custom")  # coupling.COUPLINGS (no torch here)
 TOP_K = Param("top_k", "dynamic tree: children offered per expanded node", kind="int", default=10, low=1, tag="top",
               named="custom")
 SCALE = Param("scale", "Cool-SD acceptance weight of a round's first draft: w_i = scale exp(-nu i - mu)", low=0.0,
@@ -224,7 +228,7 @@ def _static(spec: dict):
 def _jacobi(spec: dict):
     from lantern.engine.decoding.jacobi import Jacobi
 
-    return Jacobi(spec["window"])
+    return Jacobi(spec["window"], spec["coupling"])
 
 
 def _dynamic(spec: dict):
@@ -267,7 +271,8 @@ for _entry in (
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY, SIMILARITY),
              _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
-             "no drafter", (WINDOW,), _jacobi, drafter=False),
+             "no drafter; coupled re-drafts: SCD, SJD-PAC's adaptive continuation", (WINDOW, COUPLING), _jacobi,
+             drafter=False),
 ):
     register(_entry)
 

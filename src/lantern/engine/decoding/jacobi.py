@@ -12,7 +12,8 @@ token at target position Q:
    prefix of argmaxes, then the argmax); every acceptance rule of the registry applies unchanged;
 4. refine: the tokens after the first rejection are redrawn from this iteration's P at their positions (their
    prefix changed, so these are the Jacobi guesses), P_{L+1} included, and carried to the next iteration with
-   those P as their q.
+   those P as their q; independently (SJD), or coupled to the token each position held (`Jacobi.coupling`:
+   SCD's maximal or Gumbel coupling, coupling.py, which states why every coupling stays exact).
 Exactness: every draft was drawn from a distribution fixed before its verification's uniform, so this is
 speculative sampling, and under `exact` each image's tokens are distributed as plain AR's (tests/test_jacobi.py
 checks it by chi-square; greedy Jacobi decoding reproduces greedy AR). Fresh tokens are uniform draws, our reading
@@ -38,6 +39,7 @@ from lantern.engine.decoding.rounds import (
     batch_probs, finish, first_tokens, forward_rows_of, in_rows, prefill_rows, ragged, target_forward, to_device,
 )
 from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.decoding.coupling import COUPLINGS, gumbel, gumbel_noise, maximal
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.engine.decoding.stats import ImageStats, StepTimer
@@ -47,10 +49,13 @@ from lantern.errors import UserError
 @dataclass(frozen=True)
 class Jacobi:
     window: int = 16  # L: window tokens verified per target forward
+    coupling: str = "independent"  # how step 4 re-drafts the window (coupling.py): independent is SJD
 
     def __post_init__(self):
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise UserError(f"window={self.window!r} must be a positive integer (tokens per Jacobi iteration)")
+        if self.coupling not in COUPLINGS:
+            raise UserError(f"coupling={self.coupling!r} is not allowed; use one of {', '.join(COUPLINGS)}")
 
     @property
     def nodes(self) -> int:
@@ -70,16 +75,30 @@ class Image:
     prev: int = 0  # tokens decoded before the last iteration
 
 
-def refill(P: Tensor, u: Tensor, r: Tensor, L: Tensor, start: Tensor, greedy: bool) -> tuple[Tensor, Tensor]:
+def refill(P: Tensor, u: Tensor, r: Tensor, L: Tensor, start: Tensor, greedy: bool, coupling: str = "independent",
+           prior: tuple[Tensor, Tensor, Tensor] | None = None, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Steps 4 and 1 on the device for n windows: (the window [n, W], each token's q [n, W, V]) from the last
     iteration's P [n, W + 1, V], the windows' first W uniforms u [n, W], r [n] guesses refined from P's rows
-    start + j, then fresh tokens floor(u V) up to L [n], and zeros past L."""
+    start + j, then fresh tokens floor(u V) up to L [n], and zeros past L. Sampling under a coupling (coupling.py):
+    `maximal` couples each guess with the last window's token at its row, prior = (that window [n, W], its q
+    [n, W, V], its length [n]); `gumbel` draws guesses and fresh tokens by Gumbel-max under noise [n, W, V], the
+    noises of each window slot's absolute position."""
     n, W, V = u.shape[0], u.shape[1], P.shape[-1]
     j = torch.arange(W, device=u.device)
     take = (start[:, None] + j).clamp(max=W)  # row a + 1 + j of the last P for guess j
     Pr = P.gather(1, take[..., None].expand(n, W, V))
-    guess = Pr.argmax(-1) if greedy else draw(Pr, u)
     fresh = (u * V).long().clamp(max=V - 1)
+    if greedy:
+        guess = Pr.argmax(-1)
+    elif coupling == "gumbel":
+        guess, fresh = gumbel(Pr, noise), noise.argmax(-1)
+    else:
+        guess = draw(Pr, u)
+        if coupling == "maximal":
+            old, q_old, L_old = prior
+            row = take.clamp(max=W - 1)  # the last window's token at row a + 1 + j, where it had one
+            kept = maximal(Pr, q_old.gather(1, row[..., None].expand(n, W, V)), old.gather(1, row), u)
+            guess = torch.where(take < L_old[:, None], kept, guess)
     is_guess, is_fresh = j < r[:, None], (j >= r[:, None]) & (j < L[:, None])
     window = torch.where(is_guess, guess, torch.where(is_fresh, fresh, 0))
     return window, torch.where(is_guess[..., None], Pr, 1.0 / V).to(P.dtype)
@@ -109,6 +128,8 @@ class JacobiRounds:
         self.R = cond_emb.shape[0] // self.B
         with timer.section("other"):
             self.buf[:, 0] = first_tokens(p0, self.params, generators)
+            if self.jacobi.coupling == "gumbel" and not self.params.greedy:  # each image's noise per position
+                self.noise = torch.stack([gumbel_noise(g, self.N, self.V, self.device) for g in generators])
         return [Image(b, g, ImageStats(n_tokens=self.N, target_forwards=1)) for b, g in enumerate(generators)]
 
     def draft(self, images: list[Image]) -> None:
@@ -117,9 +138,10 @@ class JacobiRounds:
         draws L uniforms for them (the guesses' r, then the fresh tokens', floor(u V)) and, sampling, the
         acceptance block ahead: L tries and the correction."""
         W, N, greedy, device = self.jacobi.window, self.N, self.params.greedy, self.device
-        refined, us, self.states = [], [], []
+        refined, us, self.states, last = [], [], [], []
         for im in images:
             r = 0 if im.a < 0 else max(0, min(im.L + 1, N - im.prev, im.a + 1 + min(W, N - im.n)) - im.a - 1)
+            last.append(im.L)
             g = im.generator  # draws on the generator's device, moved to the data device after
             im.L = min(W, N - im.n)
             u = F.pad(torch.rand(im.L, generator=g, dtype=torch.float64, device=g.device), (0, W - im.L))
@@ -130,10 +152,16 @@ class JacobiRounds:
             refined.append(r)
         self.u = torch.stack(us).to(device)  # [n, W] greedy, [n, W + W + 1] sampling
         plan = to_device(device, [im.index for im in images], [im.n for im in images], [im.L for im in images],
-                         refined, [max(im.a, 0) + 1 for im in images])
-        self.index, self.done, self.Ls, r, start = plan
+                         refined, [max(im.a, 0) + 1 for im in images], last)
+        self.index, self.done, self.Ls, r, start, last = plan
+        coupling, prior, noise = self.jacobi.coupling, None, None
+        if coupling == "maximal":
+            prior = (self.window[self.index], self.qs[self.index], last)
+        if coupling == "gumbel" and not greedy:
+            at = (self.done[:, None] + torch.arange(W, device=device)).clamp(max=N - 1)
+            noise = self.noise[self.index[:, None], at]
         self.window[self.index], self.qs[self.index] = refill(self.P[self.index], self.u[:, :W], r, self.Ls, start,
-                                                              greedy)
+                                                              greedy, coupling, prior, noise)
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One forward over every active image's [y, x_1..x_L], padded to the longest."""

@@ -6,7 +6,9 @@ batch at the fixed width window + 1. The host side is graph.GraphLoop's: one lau
 State kept between batches, for every image b (finished ones take part as padding):
 - buf [B, N + W + 1]: its tokens (positions past N are scratch); n [B]: tokens decoded so far;
 - P [B, W + 1, V]: the last iteration's target distributions, which the next one refines from;
-- L, a, prev [B]: the last iteration's window length, accepted prefix (-1: none yet) and n before it.
+- L, a, prev [B]: the last iteration's window length, accepted prefix (-1: none yet) and n before it;
+- coupled re-drafts (coupling.py): under `maximal` the last window [B, W] and its q [B, W, V], under `gumbel`
+  (sampling) each image's noise [B, N, V], drawn after its first token and before its uniforms, as the eager rounds.
 Uniforms: an iteration reads the L uniforms of its guesses and fresh tokens from `taken` on, then (sampling) the
 acceptance block after them, and advances `taken` by what the eager rounds would have drawn (jacobi.JacobiRounds:
 L, then the tries and the correction).
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lantern.engine.decoding.chain import accept_chains
+from lantern.engine.decoding.coupling import gumbel_noise
 from lantern.engine.decoding.graph import GraphLoop, graph_rule
 from lantern.engine.decoding.jacobi import Image, Jacobi, refill
 from lantern.engine.decoding.rounds import batch_probs, finish, first_tokens, in_rows, prefill_rows, ragged
@@ -29,7 +32,7 @@ from lantern.engine.rules.acceptance import AcceptRule
 
 def jacobi_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor, a: Tensor, prev: Tensor,
                  stream: Tensor, taken: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule,
-                 jacobi: Jacobi) -> Tensor:
+                 jacobi: Jacobi, last: tuple[Tensor, Tensor] | None = None, noise: Tensor | None = None) -> Tensor:
     """One Jacobi iteration of every image (the module docstring's state, updated in place). Returns [B, 2]: the
     accepted prefixes (0 for finished images) and the windows verified."""
     B, W = n.shape[0], jacobi.window
@@ -42,7 +45,14 @@ def jacobi_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor, a: T
     r = torch.where(a < 0, 0, r.clamp(min=0))
     Ls = torch.where(live, (N - n).clamp(max=W), 0)
     u = stream.gather(1, taken[:, None] + torch.arange(2 * W + 1, device=device))
-    window, q = refill(P, u[:, :W], r, Ls, a.clamp(min=0) + 1, params.greedy)
+    prior = None if last is None else (*last, L)  # the last window, its q and length (coupling: maximal)
+    if noise is not None:  # coupling: gumbel, the noise of each window slot's position
+        at = (n[:, None] + j[:W]).clamp(max=N - 1)
+        noise = noise.gather(1, at[..., None].expand(B, W, noise.shape[-1]))
+    window, q = refill(P, u[:, :W], r, Ls, a.clamp(min=0) + 1, params.greedy, jacobi.coupling, prior, noise)
+    if last is not None:
+        last[0].copy_(window)
+        last[1].copy_(q)
     # 2. verify [y, window] at target positions T + n - 1 ..
     seq = torch.cat([buf.gather(1, (n - 1)[:, None]), window], 1)
     pos, slots, visible = ragged(T + n - 1, torch.where(live, Ls + 1, 0), W + 1, R, target.cache_len)
@@ -89,13 +99,20 @@ class GraphJacobiRounds(GraphLoop):
             self.L = self.kept("jacobi_L", (B,), torch.long)
             self.a = self.kept("jacobi_a", (B,), torch.long).fill_(-1)
             self.prev = self.kept("jacobi_prev", (B,), torch.long)
+            self.last = self.noise = None
+            if self.jacobi.coupling == "maximal":
+                self.last = (self.kept("jacobi_window", (B, W), torch.long).zero_(),
+                             self.kept("jacobi_q", (B, W, V), p0.dtype).fill_(1.0 / V))
+            if self.jacobi.coupling == "gumbel" and not self.params.greedy:
+                self.noise = self.kept("jacobi_noise", (B, N, V), torch.float32)
+                self.noise.copy_(torch.stack([gumbel_noise(g, N, V, self.device) for g in generators]))
             self.draw_stream(generators)
         self.images = [Image(b, g, ImageStats(n_tokens=N, target_forwards=1)) for b, g in enumerate(generators)]
         return self.images
 
     def round_inputs(self) -> tuple:
         return (self.target, self.buf, self.n, self.P, self.L, self.a, self.prev, self.stream, self.taken,
-                self.params, self.table, self.rule, self.jacobi)
+                self.params, self.table, self.rule, self.jacobi, self.last, self.noise)
 
     def tally(self, im: Image, a: int, L: int) -> None:
         im.stats.tree_depth.append(L)

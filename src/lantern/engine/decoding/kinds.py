@@ -25,7 +25,7 @@ from lantern.errors import UserError
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
-    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py); drafts that skip
+    runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
     chain rounds only so far."""
     if layout is not None:
