@@ -208,3 +208,17 @@ def test_round_anatomy_from_a_small_rounds_table(sweep, tmp_path):
     (folder / "rounds.csv").unlink()
     with pytest.raises(UserError, match="run `lantern tables` first"):
         main(["round_anatomy", "--tables", str(folder), "--out", str(out)])
+
+
+def test_a_vvs_point_is_labelled_apart_from_its_decoder():
+    """VVS on LANTERN's point shares its rule, drafts and relaxation: without the schedule in the label the two
+    series of a legend read the same."""
+    import pandas as pd
+    from lantern.figures.common import short_label
+
+    base = {"name": "lantern", "point": "lantern-chain-g4-d0.1-k3", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3}
+    every = pd.Series({**base, "point": "lantern-chain-g4-every-i5-d0.1-k3", "skip": "every", "skip_every": 5})
+    similar = pd.Series({**base, "drafting": "dynamic", "point": "s", "skip": "similarity", "similarity": 0.7})
+    assert short_label(pd.Series(base)) == "LANTERN δ=0.1 k=3"
+    assert short_label(every) == "LANTERN δ=0.1 k=3 +VVS 1/5"
+    assert short_label(similar).endswith("+VVS s=0.7")

@@ -106,6 +106,9 @@ def short_label(row) -> str:
             parts.append(f"{methods.symbol(key)}={_num(spec[key])}")
     if spec.get("residual", "bounded") != "bounded":
         parts.append(f"[{spec['residual']}]")
+    if spec.get("skip", "none") != "none":  # VVS: the same rule and drafts with some verifies skipped
+        parts.append(f"+VVS 1/{_num(spec['skip_every'])}" if spec["skip"] == "every"
+                     else f"+VVS s={_num(spec['similarity'])}")
     return " ".join(parts)
 
 
