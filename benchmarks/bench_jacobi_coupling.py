@@ -27,7 +27,7 @@ from lantern.engine.decoding.coupling import COUPLINGS
 from lantern.engine.decoding.jacobi import Jacobi
 from lantern.engine.decoding.sampling import SamplingParams, draw, image_generator, logits_to_probs, mix_cfg
 from lantern.engine.decoding.speculative import decode
-from lantern.engine.models.checkpoint import load_gpt
+from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.io import atomic_path
 

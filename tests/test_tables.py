@@ -241,7 +241,7 @@ def test_summary_markdown(built):
 
 def test_bad_inputs_are_one_line_user_errors(tmp_path):
     shards, metrics = make_sweep(tmp_path, n_images=2)
-    with pytest.raises(UserError, match="no stats.csv"):
+    with pytest.raises(UserError, match="has no manifest.json.*--forcerun"):
         sweep_table([tmp_path / "gen" / "greedy" / "nowhere" / "shard0"], [])
     with pytest.raises(UserError, match="but no generation shards"):
         sweep_table(shards[:2], metrics)

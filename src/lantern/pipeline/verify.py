@@ -148,7 +148,7 @@ def png_restorer(vq_path: str, threads: int):
         import torch
         from PIL import Image
 
-        from lantern.engine.models.vq import load_vq
+        from lantern.worlds.llamagen.upstream import load_vq
         from lantern.io import atomic_path
         from lantern.pipeline.sample import to_uint8
 
