@@ -27,7 +27,7 @@ from pathlib import Path
 
 from lantern.errors import UserError
 from lantern.worlds.chameleon.tokenizer import Vocab, size_token
-from lantern.worlds.llamagen.prompts import _checked
+from lantern.worlds.llamagen.prompts import checked_rows
 
 FAMILIES = ("anole", "lumina-mgpt")
 LUMINA_TEMPLATE = "Generate an image of {size}x{size} according to the following prompt:\n"
@@ -133,7 +133,7 @@ def read_prompt_tsv(path: str | Path, flag: str = "--tsv") -> list[tuple[str, st
         raise UserError(f"{where} is not UTF-8 text") from None
     except csv.Error as e:
         raise UserError(f"{where} is not a readable TSV ({e})") from None
-    return _checked(rows, where)
+    return checked_rows(rows, where)
 
 
 def read_caption_list(path: str | Path, flag: str = "--captions") -> list[tuple[str, str]]:
@@ -149,4 +149,4 @@ def read_caption_list(path: str | Path, flag: str = "--captions") -> list[tuple[
     if not isinstance(data, list) or not all(isinstance(c, str) for c in data):
         raise UserError(f"{where} is not a JSON list of caption strings (as the authors' preprocess.py writes); for "
                         "MS-COCO's own captions_val2017.json use `lantern prompts --coco`")
-    return _checked([(str(i), c) for i, c in enumerate(data)], where)
+    return checked_rows([(str(i), c) for i, c in enumerate(data)], where)

@@ -24,7 +24,7 @@ from lantern.io import atomic_path
 COLUMNS = ("id", "caption")
 
 
-def _checked(rows: list[tuple[str, str]], where: str) -> list[tuple[str, str]]:
+def checked_rows(rows: list[tuple[str, str]], where: str) -> list[tuple[str, str]]:
     if not rows:
         raise UserError(f"{where} holds no prompts; give a file with at least one caption")
     seen: dict[str, int] = {}
@@ -86,7 +86,7 @@ def read_user_prompts(path: str | Path, flag: str = "--file") -> list[tuple[str,
         raise UserError(f"{where} is not UTF-8 text; save it as UTF-8") from None
     except csv.Error as e:
         raise UserError(f"{where} is not a readable CSV ({e}); save it as a CSV of id,caption") from None
-    return _checked(rows, where)
+    return checked_rows(rows, where)
 
 
 def coco_longest(path: str | Path, flag: str = "--coco") -> list[tuple[str, str]]:
@@ -111,7 +111,7 @@ def coco_longest(path: str | Path, flag: str = "--coco") -> list[tuple[str, str]
         best = longest.get(a["image_id"])
         if best is None or len(a["caption"]) > len(best):
             longest[a["image_id"]] = a["caption"]
-    return _checked([(str(i), c) for i, c in longest.items()], where)
+    return checked_rows([(str(i), c) for i, c in longest.items()], where)
 
 
 def first_n(rows: list[tuple[str, str]], n: int | None, where: str) -> list[tuple[str, str]]:
@@ -150,7 +150,7 @@ def read_prompts(path: str | Path, flag: str = "--prompts") -> list[tuple[str, s
         raise UserError(f"{where} is not UTF-8 text; write it with `lantern prompts`") from None
     except csv.Error as e:
         raise UserError(f"{where} is not a readable CSV ({e}); write it with `lantern prompts`") from None
-    return _checked(rows, where)
+    return checked_rows(rows, where)
 
 
 def main(argv: list[str]) -> None:
