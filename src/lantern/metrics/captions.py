@@ -21,6 +21,7 @@ NAME_SOURCES = ("toy", "imagenet")  # or a file path
 class Captions:
     texts: dict[int, str]  # image_index -> caption (without the prompt prefix)
     source: str  # where they came from, for the metrics row
+    labelled: frozenset[int] = frozenset()  # images captioned by their class name (no text prompt: class-conditional)
 
 
 def name_caption(name: str) -> str:
@@ -58,6 +59,7 @@ def read_captions(paths: list[str | os.PathLike], names_source: str = "toy") -> 
     texts: dict[int, str] = {}
     used: list[str] = []  # caption sources in order of first use
     names = None
+    labelled: set[int] = set()
     for path in paths:
         if not os.path.isfile(path):
             raise UserError(f"captions table {path} does not exist")
@@ -76,6 +78,7 @@ def read_captions(paths: list[str | os.PathLike], names_source: str = "toy") -> 
                     raise UserError(f"captions table {path}: label {int(lab)} has no name among the {len(names)} "
                                     f"{described}; set clip.class_names (imagenet, or a file with one name per line)")
                 text, source = name_caption(names[int(lab)]), f"labels -> {described}"
+                labelled.add(int(i))
             else:
                 raise UserError(f"captions table {path}: image {i} has neither a caption nor a label")
             if texts.get(i, text) != text:
@@ -83,4 +86,4 @@ def read_captions(paths: list[str | os.PathLike], names_source: str = "toy") -> 
             texts[i] = text
             if source not in used:
                 used.append(source)
-    return Captions(texts, " + ".join(used))
+    return Captions(texts, " + ".join(used), frozenset(labelled))

@@ -1,10 +1,11 @@
 """`lantern evaluate`: one metrics row (quality + speed + protocol) for one sweep point's generated images.
 
 Quality: FID / KID / precision-recall against a reference set (torch-fidelity; images, or FID statistics for FID
-alone) and CLIP score (open_clip) of each image against its caption (or its class name). Speed: the point's stats
-tables summarised (see speed.py). Every row records how its numbers were made: backends and versions, extractors and
-weights checksums for FID and for precision/recall, the reference's kind, checksum and size, N generated, resolution,
-resize filter and crop, CLIP model, weights checksum and format, caption source, prompt prefix, seed.
+alone), CLIP score (open_clip) of each image against its caption (or its class name) and, when enabled, HPS v2.1
+(hpsv2.py) of each image against its text prompt as given. Speed: the point's stats tables summarised (see
+speed.py). Every row records how its numbers were made: backends and versions, extractors and weights checksums for
+FID and for precision/recall, the reference's kind, checksum and size, N generated, resolution, resize filter and
+crop, CLIP and HPS models, their weights checksums and formats, caption source, prompt prefix, seed.
 Class accuracy (when a classifier is configured: the toy world's): the share of images that a classifier trained on
 real images (classifier.py) labels with the class they were conditioned on, with its binomial standard error.
 """
@@ -27,6 +28,7 @@ from lantern.metrics.captions import Captions, read_captions
 from lantern.metrics.classifier import ClassAccuracyParams, class_accuracy, labels_for, load_classifier, read_labels
 from lantern.metrics.clip import ClipScoreParams, Preprocess, clip_cosines, clip_score, load_clip, weights_format
 from lantern.metrics.fidelity import FidelityParams, fidelity_metrics
+from lantern.metrics.hpsv2 import HPSv2Params, hps_scores, load_hpsv2
 from lantern.metrics.images import ImageSet
 from lantern.params import params_from
 from lantern.metrics.reference import FidStatistics, load_reference
@@ -39,6 +41,10 @@ class EvaluateParams:
     fidelity: FidelityParams = field(default_factory=FidelityParams)
     clip: ClipScoreParams = field(default_factory=ClipScoreParams)
     classifier: ClassAccuracyParams = field(default_factory=ClassAccuracyParams)
+    hpsv2: HPSv2Params = field(default_factory=HPSv2Params)
+
+
+HPS_OFF = "hpsv2.enabled: false (metrics.hpsv2.enabled in a pipeline config)"
 
 
 def _mean_sem(values: torch.Tensor) -> tuple[float, float]:
@@ -46,34 +52,60 @@ def _mean_sem(values: torch.Tensor) -> tuple[float, float]:
     return float(values.mean()), sem
 
 
+def captions_of(images: ImageSet, captions: Captions | None, metric: str, off: str) -> list[str]:
+    """Each image's caption, in the image set's order; `metric` needs them, `off` is the setting that drops it."""
+    if captions is None:
+        raise UserError(f"{metric} needs captions: pass --captions (e.g. the sample's stats.csv), or set {off}")
+    missing = [i for i in images.indices() if i not in captions.texts]
+    if missing:
+        raise UserError(f"{len(missing)} generated image(s) have no caption, e.g. index {missing[0]}")
+    return [captions.texts[i] for i in images.indices()]
+
+
+def hps_prompts(images: ImageSet, captions: Captions | None) -> list[str]:
+    """Each image's text prompt for HPS v2.1: a class-conditional image (captioned by its class name) has none."""
+    texts = captions_of(images, captions, "HPS v2.1", HPS_OFF)
+    labelled = [i for i in images.indices() if i in captions.labelled]
+    if labelled:
+        raise UserError(f"HPS v2.1 scores an image against its text prompt, but image {labelled[0]} is "
+                        f"class-conditional (its stats row has a label, no caption); set {HPS_OFF}")
+    return texts
+
+
+def model_protocol(prefix: str, model: str, weights_path: str, net, images: ImageSet, unnamed: str) -> dict:
+    """How an open_clip scorer (CLIP, HPS v2.1) was run: backend, model (`unnamed` describes one read from the
+    JSON config beside its weights), weights checksum and format, resize."""
+    w, h = images.size
+    return {f"{prefix}_backend": f"open_clip {open_clip.__version__}",
+            f"{prefix}_model": model or f"{os.path.basename(weights_path)} ({unnamed}, config beside it)",
+            f"{prefix}_weights_sha256": sha256_file(weights_path),
+            f"{prefix}_weights_format": weights_format(weights_path),
+            f"{prefix}_resize": Preprocess(net).describe(h, w)}
+
+
 def evaluate(images: ImageSet, reference: ImageSet | FidStatistics, p: EvaluateParams,
              captions: Captions | None = None, stats: pd.DataFrame | None = None, verbose: bool = False,
              labels: dict[int, int] | None = None) -> dict:
     row: dict = {}
-    clip = classifier = None
+    clip = classifier = hps = None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if p.classifier.weights_path:  # checked before the long FID pass, like the CLIP
         if labels is None:
             raise UserError("class accuracy needs each image's label: pass --captions (the sample's stats.csv), or "
                             "leave classifier.weights_path empty")
         target = labels_for(images, labels)
-        classifier = load_classifier(p.classifier.weights_path, "cuda" if torch.cuda.is_available() else "cpu",
-                                     "classifier.weights_path")
+        classifier = load_classifier(p.classifier.weights_path, device, "classifier.weights_path")
     if p.clip.enabled:
-        if captions is None:
-            raise UserError("CLIP score needs captions: pass --captions (e.g. the sample's stats.csv), "
-                            "or set clip.enabled: false")
-        missing = [i for i in images.indices() if i not in captions.texts]
-        if missing:
-            raise UserError(f"{len(missing)} generated image(s) have no caption, e.g. index {missing[0]}")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        texts = captions_of(images, captions, "CLIP score", "clip.enabled: false")
         clip = load_clip(p.clip.model, p.clip.weights_path, device)  # a bad CLIP fails before the long FID pass
+    if p.hpsv2.enabled:
+        prompts = hps_prompts(images, captions)
+        hps = load_hpsv2(p.hpsv2, device)  # as the CLIP: a bad file fails before the long FID pass
     row.update(fidelity_metrics(images, reference, p.fidelity, verbose=verbose))
     if clip is not None:
         net, tokenizer = clip
-        texts = [captions.texts[i] for i in images.indices()]
         cosines = clip_cosines(net, tokenizer, images, texts, p.clip.prompt_prefix, p.clip.batch_size)
         (score, score_sem), (cosine, cosine_sem) = _mean_sem(clip_score(cosines)), _mean_sem(cosines)
-        w, h = images.size
         row.update({
             "clip_score": score,
             "clip_score_sem": score_sem,
@@ -81,15 +113,19 @@ def evaluate(images: ImageSet, reference: ImageSet | FidStatistics, p: EvaluateP
             "clip_cosine_sem": cosine_sem,
             "clip_convention": "clip_score = 100 * max(cos, 0) (torchmetrics CLIPScore); clip_cosine = raw cos; "
                                "both mean over images",
-            "clip_backend": f"open_clip {open_clip.__version__}",
-            "clip_model": p.clip.model or f"{os.path.basename(p.clip.weights_path)} (toy CLIP, config beside it)",
-            "clip_weights_sha256": sha256_file(p.clip.weights_path),
-            "clip_weights_format": weights_format(p.clip.weights_path),
-            "clip_resize": Preprocess(net).describe(h, w),
+            **model_protocol("clip", p.clip.model, p.clip.weights_path, net, images, "toy CLIP"),
             "prompt_prefix": p.clip.prompt_prefix,
             "caption_source": captions.source,
             "n_captioned": len(cosines),
         })
+    if hps is not None:
+        scores = hps_scores(*hps, images, prompts, p.hpsv2.batch_size)
+        mean, sem = _mean_sem(scores)
+        row.update({"hpsv2": mean, "hpsv2_sem": sem,
+                    "hpsv2_convention": "HPS v2.1 = cos(normalised image, prompt features), the prompt as given (no "
+                                        "prefix), mean over images; hpsv2_sem = its per-image SEM",
+                    **model_protocol("hpsv2", p.hpsv2.model, p.hpsv2.weights_path, hps[0], images, "open_clip"),
+                    "hpsv2_prompt_source": captions.source})
     if classifier is not None:
         row.update(class_accuracy(classifier, images, target, p.classifier.batch_size))
         row.update({"classifier_weights_sha256": sha256_file(p.classifier.weights_path),
@@ -119,7 +155,8 @@ def main(argv: list[str]) -> None:
                     "class accuracy checks)")
     ap.add_argument("--stats", nargs="*", default=[], help="`lantern sample` stats.csv file(s) for speed columns")
     ap.add_argument("--out", required=True, help="metrics row: .json or .csv")
-    ap.add_argument("--params", default=None, help="EvaluateParams {fidelity: {...}, clip: {...}, classifier: {...}} as "
+    ap.add_argument("--params", default=None, help="EvaluateParams {fidelity: {...}, clip: {...}, classifier: {...}, "
+                    "hpsv2: {...}} as "
                     "inline JSON/YAML or a file path")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--verbose", action="store_true")
@@ -139,6 +176,6 @@ def main(argv: list[str]) -> None:
     labels = read_labels(a.captions) if a.captions and p.classifier.weights_path else None
     row = evaluate(images, reference, p, captions, stats, verbose=a.verbose, labels=labels)
     write_row(row, a.out)
-    shown = {k: row[k] for k in ("fid", "kid_mean", "precision", "recall", "clip_score", "clip_cosine",
+    shown = {k: row[k] for k in ("fid", "kid_mean", "precision", "recall", "clip_score", "clip_cosine", "hpsv2",
                                  "class_accuracy", "tau_incl_bonus") if row.get(k) is not None}
     print(f"{a.out}: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items()))

@@ -7,6 +7,7 @@ and no logit scale: the diagonal of image_features @ text_features.T that the hp
 through the CLIP-score machinery of clip.py unchanged (the same open_clip loading from a local file, the same
 resize + centre crop + normalisation, the same per-image cosine); only the model, the weights and the absent
 prefix differ. Nothing is downloaded: a missing weights file is one line naming `hpsv2.weights_path`.
+The parameters and the file check import no torch: the pipeline's config check runs them at every start.
 Differences from the hpsv2 package, at the tolerance level: it resizes PIL images (bicubic) where clip.py resizes
 tensors (bicubic, antialiased), and it scores under CUDA autocast (fp16) where this runs in the model's dtype.
 """
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from lantern.errors import UserError
-from lantern.metrics.clip import clip_cosines, load_clip
+
+if TYPE_CHECKING:
+    import torch
 
 KEY = "hpsv2.weights_path"
 
@@ -36,16 +38,19 @@ class HPSv2Params:
             raise UserError(f"hpsv2.batch_size = {self.batch_size!r} must be a positive integer")
 
 
-def check_hpsv2(p: HPSv2Params) -> None:
-    """Before any job starts: the weights file a run with HPS v2.1 enabled needs."""
+def check_hpsv2(p: HPSv2Params, section: str = "hpsv2") -> None:
+    """Before any job starts: the weights file a run with HPS v2.1 enabled needs. `section`: where the keys live
+    (`metrics.hpsv2` in a pipeline config)."""
     if p.enabled and not (p.weights_path and os.path.isfile(p.weights_path)):
-        where = f"at {p.weights_path}" if p.weights_path else "(hpsv2.weights_path is empty)"
-        raise UserError(f"HPS v2.1 weights not found {where}: put HPS_v2.1_compressed.pt there and point {KEY} at it, "
-                        "or set hpsv2.enabled: false")
+        where = f"at {p.weights_path}" if p.weights_path else f"({section}.weights_path is empty)"
+        raise UserError(f"HPS v2.1 weights not found {where}: put HPS_v2.1_compressed.pt there and point "
+                        f"{section}.weights_path at it, or set {section}.enabled: false")
 
 
 def load_hpsv2(p: HPSv2Params, device: str | torch.device = "cpu"):
     """(open_clip model, tokenizer) of HPS v2.1 from the local weights file."""
+    from lantern.metrics.clip import load_clip
+
     check_hpsv2(HPSv2Params(enabled=True, model=p.model, weights_path=p.weights_path, batch_size=p.batch_size))
     return load_clip(p.model, p.weights_path, device, key=KEY)
 
@@ -53,4 +58,6 @@ def load_hpsv2(p: HPSv2Params, device: str | torch.device = "cpu"):
 def hps_scores(net, tokenizer, images, prompts: list[str], batch_size: int = 16) -> torch.Tensor:
     """Per-image HPS v2.1 score [N]: cosine of the normalised image and prompt features (the prompt as given).
     `images`: uint8 [N, 3, H, W] or an ImageSet."""
+    from lantern.metrics.clip import clip_cosines
+
     return clip_cosines(net, tokenizer, images, prompts, prefix="", batch_size=batch_size)
