@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lantern.pipeline.config import (data_params, expand_methods, latency_counts, mode_shard_ranges,
-                                     target_extra_images, target_params, validate_config, vq_params)
+from lantern.pipeline.config import (_fill_defaults, data_params, evaluate_params, expand_methods, latency_counts,
+                                     load_schema, mode_shard_ranges, target_extra_images, target_params,
+                                     validate_config, vq_params)
 from lantern.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,6 +196,44 @@ def test_llamagen_checks_that_would_fail_only_after_generation(tmp_path):
         with pytest.raises(UserError, match=message) as err:
             validate_config(cfg)
         assert "\n" not in str(err.value)
+
+
+def test_hpsv2_weights_are_named_before_any_job_and_reach_evaluate(tmp_path):
+    """A t2i llamagen run with HPS v2.1 on: its missing weights file is one line naming metrics.hpsv2.weights_path
+    (the files need only exist here); placed, the check passes on to the next input. A c2i run has no prompts to
+    score against. evaluate_params hands the section to `lantern evaluate` only when it is on."""
+    for name in ("gpt.pt", "vq.pt", "inception.pth", "prompts.csv"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "images").mkdir()
+    (tmp_path / "t5").mkdir()
+    hps = tmp_path / "HPS_v2.1_compressed.pt"
+    cfg = {"world": "llamagen",
+           "llamagen": {"model_type": "t2i", "cls_token_num": 120, "gpt_ckpt": str(tmp_path / "gpt.pt"),
+                        "vq_ckpt": str(tmp_path / "vq.pt"), "prompts": {"file": str(tmp_path / "prompts.csv")},
+                        "t5": {"path": str(tmp_path / "t5")}},
+           "metrics": {"reference": str(tmp_path / "images"), "resolution": 256,
+                       "fid_extractor": "inception-v3-compat", "inception_weights": str(tmp_path / "inception.pth"),
+                       "hpsv2": {"enabled": True, "weights_path": str(hps)}},
+           "sweep": {"methods": [{"name": "vanilla"}]}}
+    with pytest.raises(UserError) as err:
+        validate_config(cfg)
+    assert str(err.value) == (f"config: HPS v2.1 weights not found at {hps}: put HPS_v2.1_compressed.pt there and "
+                              "point metrics.hpsv2.weights_path at it, or set metrics.hpsv2.enabled: false")
+    hps.write_bytes(b"")
+    with pytest.raises(UserError) as err:  # past the HPS check, the empty VQ file is the next input refused
+        validate_config(cfg)
+    assert str(err.value).startswith("config: llamagen.vq_ckpt: ") and "HPS" not in str(err.value)
+    c2i = yaml.safe_load(yaml.safe_dump(cfg))
+    c2i["llamagen"] = {"gpt_ckpt": str(tmp_path / "gpt.pt"), "vq_ckpt": str(tmp_path / "vq.pt")}
+    c2i["metrics"]["class_names"] = "imagenet"
+    with pytest.raises(UserError, match=r"^config: metrics\.hpsv2\.enabled: .* llamagen world here is class-cond"):
+        validate_config(c2i)
+    filled = yaml.safe_load(yaml.safe_dump(cfg))
+    _fill_defaults(filled, load_schema())  # what validate_config hands the Snakefile
+    assert evaluate_params(filled, "clip.pt")["hpsv2"] == {"enabled": True, "model": "ViT-H-14",
+                                                           "weights_path": str(hps), "batch_size": 16}
+    filled["metrics"]["hpsv2"]["enabled"] = False
+    assert "hpsv2" not in evaluate_params(filled, "clip.pt")
 
 
 @pytest.mark.parametrize("toy, message", [

@@ -38,7 +38,8 @@ def test_check_config_lists_exactly_the_files_to_place_then_refuses(family):
     want = [cfg["chameleon"]["target"], cfg["chameleon"]["drafter"], cfg["chameleon"]["vqgan_ckpt"],
             str(Path(cfg["chameleon"]["vqgan_ckpt"]).with_name("vqgan.yaml")), cfg["chameleon"]["tokenizer"],
             cfg["chameleon"]["prompts"]["coco_captions"], cfg["metrics"]["reference"],
-            cfg["metrics"]["inception_weights"], cfg["metrics"]["vgg16_weights"], cfg["metrics"]["clip_ckpt"]]
+            cfg["metrics"]["inception_weights"], cfg["metrics"]["vgg16_weights"], cfg["metrics"]["clip_ckpt"],
+            cfg["metrics"]["hpsv2"]["weights_path"]]
     assert lines[0] == f"error: config: world chameleon ({family}): {len(want)} input(s) to place (or fix the paths):"
     assert [line.split(" ")[-4] for line in lines[1:-1]] == want
     assert lines[-1] == CHAMELEON_NOT_YET

@@ -141,6 +141,13 @@ BAD = {
                             r"config: metrics\.class_names = /no/such/names\.txt does not exist"),
     "metrics.bootstrap": (at("metrics.bootstrap", 1), r"config: metrics\.bootstrap = 1 gives no spread"),
     "metrics.bootstrap_chunk": (at("metrics.bootstrap_chunk", 0), r"config: metrics\.bootstrap_chunk: 0 is less"),
+    # the toy world is class-conditional: HPS v2.1 has no prompt to score against (its weights file: test_config.py)
+    "metrics.hpsv2.enabled": (at("metrics.hpsv2.enabled", True),
+                              r"config: metrics\.hpsv2\.enabled: .* toy world here is class-conditional"),
+    "metrics.hpsv2.model": (at("metrics.hpsv2.model", 3), r"config: metrics\.hpsv2\.model = 3 has the wrong type"),
+    "metrics.hpsv2.weights_path": (at("metrics.hpsv2.weights_path", 3),
+                                   r"config: metrics\.hpsv2\.weights_path = 3 has the wrong type"),
+    "metrics.hpsv2.batch_size": (at("metrics.hpsv2.batch_size", 0), r"config: metrics\.hpsv2\.batch_size: 0 is less"),
     "proximity.enabled": (at("proximity.enabled", "yes"), r"config: proximity\.enabled = 'yes' has the wrong type"),
     "proximity.fractions": (at("proximity.fractions", [0.5, 2]), r"config: proximity\.fractions\[1\]: 2 is greater"),
     "proximity.ranks": (at("proximity.ranks", [1, 5000]), r"config: proximity\.ranks holds 5000, but the toy-default"),

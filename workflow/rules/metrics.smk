@@ -1,5 +1,6 @@
-# Quality metrics per sweep point: FID / KID / precision-recall (torch-fidelity), CLIP score (open_clip) and, in the
-# toy world, class accuracy (the classifier trained by train_classifier, or shipped in models/toy/default/).
+# Quality metrics per sweep point: FID / KID / precision-recall (torch-fidelity), CLIP score (open_clip), HPS v2.1
+# where metrics.hpsv2 enables it and, in the toy world, class accuracy (the classifier trained by train_classifier,
+# or shipped in models/toy/default/).
 
 
 if TRAIN_TOY:
@@ -60,6 +61,7 @@ rule evaluate:
         reference=reference_images(),
         clip=clip_ckpt(),
         classifier=classifier_input(),
+        hpsv2=[config["metrics"]["hpsv2"]["weights_path"]] if config["metrics"]["hpsv2"]["enabled"] else [],
     output:
         f"{OUT}/metrics/{{mode}}/{{point}}.json",
     log:

@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from lantern.errors import UserError
+from lantern.metrics.hpsv2 import HPSv2Params, check_hpsv2
 from lantern.params import check_device_name
 from lantern.pipeline.config_inputs import (check_chameleon_inputs, check_llamagen_inputs, check_outdir,
                                             check_vq_downsample)
@@ -446,6 +447,21 @@ def _check_paths(cfg: dict) -> None:
         _require_file("metrics.clip_ckpt", m["clip_ckpt"])
     if m["class_names"] not in ("toy", "imagenet"):
         _require_file("metrics.class_names", m["class_names"])
+    _check_hpsv2(cfg)
+
+
+def _check_hpsv2(cfg: dict) -> None:
+    """HPS v2.1 scores each image against its text prompt: a class-conditional world has none; and its weights file
+    must be in place."""
+    if not cfg["metrics"]["hpsv2"]["enabled"]:
+        return
+    if cfg["world"] == "toy" or (cfg["world"] == "llamagen" and cfg["llamagen"]["model_type"] == "c2i"):
+        raise UserError(f"config: metrics.hpsv2.enabled: HPS v2.1 scores each image against its text prompt, but the "
+                        f"{cfg['world']} world here is class-conditional; set metrics.hpsv2.enabled: false")
+    try:
+        check_hpsv2(HPSv2Params(**cfg["metrics"]["hpsv2"]), "metrics.hpsv2")
+    except UserError as e:
+        raise UserError(f"config: {e}") from None
 
 
 def validate_config(config: dict, schema: dict | None = None) -> dict:
@@ -608,7 +624,7 @@ def latency_counts(sweep: dict, mode: str) -> list[int]:
 def evaluate_params(cfg: dict, clip_weights: str, classifier_weights: str = "") -> dict:
     """`lantern evaluate --params` of a config: the extractor for FID / KID / precision-recall, the evaluation
     resize, and the CLIP model, `clip_weights` being the CLIP checkpoint (the toy CLIP's, or metrics.clip_ckpt);
-    with `classifier_weights` (the toy world's classifier) also class accuracy."""
+    with `classifier_weights` (the toy world's classifier) also class accuracy; with metrics.hpsv2 enabled, HPS v2.1."""
     m = cfg["metrics"]
     toy_clip = m["clip_model"] == "toy"
     if m["fid_extractor"] == "clip":
@@ -621,7 +637,8 @@ def evaluate_params(cfg: dict, clip_weights: str, classifier_weights: str = "") 
     clip = {"model": "" if toy_clip else m["clip_model"], "weights_path": clip_weights,
             "prompt_prefix": m["prompt_prefix"], "class_names": m["class_names"]}
     classifier = {"classifier": {"weights_path": classifier_weights}} if classifier_weights else {}
-    return {"fidelity": fidelity, "clip": clip, **classifier}
+    hpsv2 = {"hpsv2": dict(m["hpsv2"])} if m["hpsv2"]["enabled"] else {}
+    return {"fidelity": fidelity, "clip": clip, **classifier, **hpsv2}
 
 
 def merge_config(base: dict, over: dict) -> dict:

@@ -205,6 +205,8 @@ def chameleon_files(cfg: dict) -> list[tuple[str, str, str]]:
         files.append(("metrics.vgg16_weights", m["vgg16_weights"], "file"))
     if m["clip_model"] != "toy":
         files.append(("metrics.clip_ckpt", m["clip_ckpt"], "file"))
+    if m["hpsv2"]["enabled"]:
+        files.append(("metrics.hpsv2.weights_path", m["hpsv2"]["weights_path"], "file"))
     return files
 
 
