@@ -326,6 +326,34 @@ def test_class_accuracy_is_carried_with_its_noise_band(tmp_path, built):
     assert plain["class_accuracy"].isna().all() and plain["class_accuracy_z"].isna().all()
 
 
+def test_hpsv2_is_carried_with_its_noise_band_where_measured(tmp_path, built):
+    """hpsv2 (+ its per-image SEM) from the metrics rows reaches sweep.csv, the z test against vanilla and summary.md's
+    column and band; a mode (or a sweep) that did not measure it shows no HPS column."""
+    shards, metrics = make_sweep(tmp_path)
+    for path in metrics:
+        if path.parent.name == "sampling":
+            drop = 0.05 if path.stem == "lantern-chain-g4-d0.4-k50" else 0.0
+            path.write_text(json.dumps({**json.loads(path.read_text()), "hpsv2": 0.28 - drop, "hpsv2_sem": 0.01,
+                                        "hpsv2_model": "ViT-H-14"}))
+    main(["--shards", *map(str, shards), "--metrics", *map(str, metrics), "--out", str(tmp_path / "tables")])
+    sweep = pd.read_csv(tmp_path / "tables" / "sweep.csv").set_index(["mode", "point"])
+    assert sweep.loc[("sampling", "lantern-chain-g4-d0.4-k50"), "hpsv2"] == pytest.approx(0.23)
+    assert sweep.loc[("sampling", "lantern-chain-g4-d0.4-k50"), "hpsv2_z"] == pytest.approx(-0.05 / (0.01 * 2 ** 0.5))
+    assert sweep.loc[("sampling", "exact-chain-g4"), "hpsv2_z"] == pytest.approx(0.0)
+    assert sweep.loc["greedy", "hpsv2"].isna().all()
+    text = (tmp_path / "tables" / "summary.md").read_text()
+    greedy, sampling = text.split("## greedy")[1].split("## sampling")[0], text.split("## sampling")[1]
+    header, rule = [line for line in sampling.splitlines() if line.startswith("|")][:2]
+    assert "| CLIP cos ↑ | HPS v2.1 ↑ | Precision ↑ |" in header and header.count("|") == rule.count("|") == 17
+    row = next(line for line in sampling.splitlines() if "δ=0.4, k=50" in line)
+    assert "| 0.2300† |" in row and "| 0.2800 |" in next(line for line in sampling.splitlines() if "Exact SD" in line)
+    assert "hpsv2 ±0.0283." in sampling and "hpsv2_model = ViT-H-14" in sampling
+    assert "LANTERN chain γ=4, δ=0.4, k=50 (fid, precision, recall, clip_score, hpsv2)" in sampling
+    assert "HPS" not in greedy and "hpsv2" not in greedy
+    plain = (built / "tables" / "summary.md").read_text()  # no mode measured it: no column anywhere
+    assert not any("HPS" in line for line in plain.splitlines() if line.startswith("|"))
+
+
 def test_summary_ends_with_each_toy_worlds_ambiguity_and_class_accuracy(tmp_path):
     shards, metrics = make_sweep(tmp_path, n_images=2)
     rows = {"source": ["samples", "samples", "heldout"], "cfg_scale": [1.0, 2.0, 1.0], "images": [256, 256, 512],

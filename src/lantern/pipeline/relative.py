@@ -15,7 +15,7 @@ speed.round_cost: tau and the speed-up on the same images; bootstrap SE on speed
 definition; across jobs there is none (NaN), a round and a plain-AR token being timed under different loads.
 
 Quality. Each metric's standard error comes from `lantern evaluate`'s bootstrap over the generated images
-(fid_se, precision_se, recall_se; the CLIP score's per-image SEM; class accuracy's binomial SE). A method differs from vanilla beyond noise when
+(fid_se, precision_se, recall_se; the CLIP score's and HPS v2.1's per-image SEMs; class accuracy's binomial SE). A method differs from vanilla beyond noise when
 |value - vanilla| > band_z * sqrt(se^2 + se_vanilla^2): `{metric}_z` holds that ratio's numerator over the root.
 """
 
@@ -28,7 +28,7 @@ import pandas as pd
 
 # quality column -> its standard-error column
 SE_COLUMNS = {"fid": "fid_se", "precision": "precision_se", "recall": "recall_se", "clip_score": "clip_score_sem",
-              "class_accuracy": "class_accuracy_se"}
+              "hpsv2": "hpsv2_sem", "class_accuracy": "class_accuracy_se"}
 
 
 def add_relative_columns(sweep: pd.DataFrame, speed_tolerance: float) -> pd.DataFrame:

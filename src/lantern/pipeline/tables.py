@@ -32,7 +32,13 @@ from lantern.metrics.speed import (ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE, dec
                                    in_job_speedup_se, round_anatomy, speedup_se)
 from lantern.pipeline.relative import SE_COLUMNS, add_relative_columns
 
-QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "class_accuracy"]
+QUALITY_COLUMNS = ["fid", "kid_mean", "kid_std", "precision", "recall", "clip_score", "clip_cosine", "hpsv2",
+                   "class_accuracy"]
+# summary.md's quality columns in order: column -> header; those in MEASURED_ONLY only in a mode that measured them
+QUALITY_HEADERS = {"fid": "FID ↓", "clip_score": "CLIP ↑", "clip_cosine": "CLIP cos ↑", "hpsv2": "HPS v2.1 ↑",
+                   "precision": "Precision ↑", "recall": "Recall ↑", "kid_mean": "KID ↓",
+                   "class_accuracy": "Class acc. ↑"}
+MEASURED_ONLY = ("hpsv2",)
 STATS_REQUIRED = ["image_index", "n_tokens", "target_forwards", "drafter_forwards", "accepted_total",
                   "time_draft_s", "time_verify_s", "time_other_s", "time_total_s", "accepted_per_step"]
 LIST_COLUMNS = ["accepted_per_step", "tree_depth", "tokens"]
@@ -373,22 +379,26 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
              "method; round cost = τ / in-job speed-up, what one round (one target forward) costs in plain-AR "
              "tokens timed in the same job, ± its bootstrap SE (plain AR: 1 by definition). "
              f"† marks a quality value that differs from vanilla's by more than {p.band_z:g} standard errors of "
-             "the difference (bootstrap over the generated images; CLIP: per-image SEM; class accuracy: binomial); "
+             "the difference (bootstrap over the generated images; CLIP, HPS v2.1: per-image SEM; class accuracy: "
+             "binomial); "
              "unmarked differences are within noise.", ""]
     digits = {"fid": (p.distance_figures, True), "clip_score": (p.score_digits, False),
-              "clip_cosine": (p.fraction_digits + 1, False), "precision": (p.fraction_digits, False),
-              "recall": (p.fraction_digits, False), "kid_mean": (p.distance_figures, True),
-              "class_accuracy": (p.fraction_digits, False)}
+              "clip_cosine": (p.fraction_digits + 1, False), "hpsv2": (p.fraction_digits + 1, False),
+              "precision": (p.fraction_digits, False), "recall": (p.fraction_digits, False),
+              "kid_mean": (p.distance_figures, True), "class_accuracy": (p.fraction_digits, False)}
     for mode, part in sweep.groupby("mode", sort=False):
         speed = speed_columns(part)
         speed = {h: c for h, c in speed.items() if c in ROUND_COSTS} | cost_columns(speed) | speed  # in-job first
+        shown = [c for c in QUALITY_HEADERS
+                 if c not in MEASURED_ONLY or (c in part and pd.to_numeric(part[c], errors="coerce").notna().any())]
         lines += [f"## {mode}", "",
-                  "| Method | Setting | τ (incl. bonus) | " + " | ".join(speed) +
-                  " | Step compr. | FID ↓ | CLIP ↑ | CLIP cos ↑ | Precision ↑ | Recall ↑ | KID ↓ | Class acc. ↑ | Images |",
-                  "|" + "|".join(["---"] * 2 + ["---:"] * (10 + len(speed))) + "|"]
+                  "| Method | Setting | τ (incl. bonus) | " + " | ".join(speed) + " | Step compr. | " +
+                  " | ".join(QUALITY_HEADERS[c] for c in shown) + " | Images |",
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (3 + len(shown) + len(speed))) + "|"]
         for _, r in part.iterrows():
             beyond = beyond_band(r, p.band_z)
-            quality = " | ".join(_fmt(r[c], d, significant=sig) + "†" * (c in beyond) for c, (d, sig) in digits.items())
+            quality = " | ".join(_fmt(r[c], digits[c][0], significant=digits[c][1]) + "†" * (c in beyond)
+                                 for c in shown)
             lines.append(
                 f"| {method_label(r)} | {setting(r)} | {_fmt(r['tau_incl_bonus'], p.tau_digits)} | "
                 + " | ".join(speed_cell(r, c) for c in speed.values())
@@ -396,8 +406,8 @@ def summary_markdown(sweep: pd.DataFrame, p: TableParams) -> str:
         lines += noise_lines(part, digits, p) + count_note(part)
         protocol = [f"{c} = {part[c].dropna().iloc[0]}" for c in
                     ("fid_extractor", "extractor", "reference_kind", "n_reference", "resolution", "resize_filter",
-                     "prc_extractor", "clip_model", "caption_source", "device", "cfg_scale", "temperature",
-                     "batch_size", "latency_b1_images")
+                     "prc_extractor", "clip_model", "hpsv2_model", "caption_source", "device", "cfg_scale",
+                     "temperature", "batch_size", "latency_b1_images")
                     if c in part and part[c].dropna().nunique() == 1]
         if protocol:
             lines += ["", "Protocol: " + "; ".join(protocol) + "."]
