@@ -58,6 +58,9 @@ def test_missing_weights_is_one_line(tmp_path):
     with pytest.raises(UserError, match="hpsv2.weights_path is empty"):
         load_hpsv2(HPSv2Params())
     check_hpsv2(HPSv2Params(enabled=False))  # disabled: nothing is needed
+    (tmp_path / "lonely.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=r"hpsv2\.model is empty, so the open_clip config .*lonely\.json must lie"):
+        load_hpsv2(HPSv2Params(enabled=True, model="", weights_path=str(tmp_path / "lonely.pt")))
     with pytest.raises(UserError, match="batch_size"):
         HPSv2Params(batch_size=0)
 

@@ -49,9 +49,12 @@ def check_hpsv2(p: HPSv2Params, section: str = "hpsv2") -> None:
 
 def load_hpsv2(p: HPSv2Params, device: str | torch.device = "cpu"):
     """(open_clip model, tokenizer) of HPS v2.1 from the local weights file."""
-    from lantern.metrics.clip import load_clip
+    from lantern.metrics.clip import config_path, load_clip
 
     check_hpsv2(HPSv2Params(enabled=True, model=p.model, weights_path=p.weights_path, batch_size=p.batch_size))
+    if not p.model and not config_path(p.weights_path).is_file():  # clip.py's own line speaks of the toy CLIP
+        raise UserError(f"hpsv2.model is empty, so the open_clip config {config_path(p.weights_path)} must lie beside "
+                        f"{p.weights_path}; put it there, or set hpsv2.model: ViT-H-14 (HPS v2.1)")
     return load_clip(p.model, p.weights_path, device, key=KEY)
 
 
