@@ -95,18 +95,24 @@ def test_bad_prompts_are_one_line(world_files):
 
 
 def test_lumina_runs_eager_under_compile_auto_and_trees_refuse_its_layout(world_files, monkeypatch):
-    """compile auto would compile on CUDA, where rounds with forced tokens are not built: a layout world's rounds
-    run eager; trees and Jacobi windows refuse the layout in one line."""
+    """compile auto would compile on CUDA, where chain rounds with forced tokens are not built: they run eager;
+    Jacobi windows compile under the layout (kinds.runs_under_layout); trees refuse the layout in one line."""
     from lantern.engine.decoding import compiled
 
     world = load(world_files, "lumina-mgpt", drafter=True)
     monkeypatch.setattr(compiled, "resolve", lambda option, device: option in ("auto", None, True))  # as on CUDA
+    asked = []  # the compiled steps, run without inductor
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     ar = lantern.generate(world, PROMPTS[:1], "vanilla", mode="greedy", compile=False)
     chain = lantern.generate(world, PROMPTS[:1], "exact", mode="greedy", compile="auto")
-    assert torch.equal(chain.tokens, ar.tokens)
+    assert torch.equal(chain.tokens, ar.tokens) and not asked
     with pytest.raises(UserError):  # what auto would meet, compiled
         lantern.generate(world, PROMPTS[:1], "exact", compile=True)
-    for kind in ({"drafting": "static", "tree": "mc_sim_7b_63"}, {"drafting": "jacobi"}):
-        with pytest.raises(UserError) as e:
-            lantern.generate(world, PROMPTS[:1], "exact", compile=False, **kind)
-        assert "\n" not in str(e.value) and "layout" in str(e.value), kind
+    for compile in (False, "auto"):
+        sjd = lantern.generate(world, PROMPTS[:1], "exact", drafting="jacobi", window=6, mode="greedy",
+                               compile=compile)
+        assert torch.equal(sjd.tokens, ar.tokens)
+    assert set(asked) == {"jacobi_round"}  # one compiled call a round
+    with pytest.raises(UserError) as e:
+        lantern.generate(world, PROMPTS[:1], "exact", compile=False, drafting="static", tree="mc_sim_7b_63")
+    assert "\n" not in str(e.value) and "layout" in str(e.value)

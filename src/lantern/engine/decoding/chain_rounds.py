@@ -23,7 +23,7 @@ from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, f
                                             ragged, target_forward, to_device)
 from lantern.engine.decoding.sampling import SamplingParams, Uniforms, next_tokens
 from lantern.engine.decoding.stats import ImageStats, StepTimer
-from lantern.engine.decoding.forced import code_positions, slot_geometry, slot_ids, verify_rows
+from lantern.engine.decoding.forced import code_logits, code_positions, slot_geometry, slot_ids, verify_rows
 from lantern.engine.models.drafter import Drafter
 from lantern.engine.models.layout import Layout, code_steps, image_logits
 
@@ -168,10 +168,7 @@ class ChainRounds(DrafterRounds):
         n, R, T, N = len(images), images[0].pend_emb.shape[0], self.target.args.cls_token_num, self.N
         layout = self.layout
         if layout is not None:  # each code's predicting row (the eol's after a row end), over the image head
-            rows_at = self.geometry[1].clamp(max=logits.shape[1] - 1)  # [n, G + 1]
-            V = logits.shape[-1]
-            logits = logits.view(R, n, -1, V).gather(2, rows_at[None, ..., None].expand(R, -1, -1, V))
-            logits = image_logits(layout, logits.view(R * n, -1, V))
+            logits = code_logits(layout, logits, self.geometry[1])
         index = self.done[:, None] + torch.arange(logits.shape[1], device=self.device)
         P = batch_probs(logits, self.params, index)
         u = None if self.uniforms is None else self.uniforms.u

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lantern.engine.models.layout import Layout, code_steps, forced_tokens
+from lantern.engine.models.layout import Layout, code_steps, forced_tokens, image_logits
 
 
 def slot_width(layout: Layout, G: int) -> int:
@@ -42,13 +42,30 @@ def slot_geometry(layout: Layout, d: Tensor, G: int) -> tuple[Tensor, Tensor, Te
     return forced, code_slot, slot_code
 
 
-def verify_rows(layout: Layout, d: int, g: int) -> int:
-    """Rows of an image's verify forward for drafts of codes d .. d + g - 1 (host ints): y and the slots up to the
-    bonus code's predicting row, or, when the drafts complete the grid, through the last draft (the forced tokens
-    after it are never read)."""
-    if d + g >= layout.codes:
-        return code_steps(layout, d + g - 1) - code_steps(layout, d - 1) + 1
-    return code_steps(layout, d + g) - code_steps(layout, d - 1)
+def verify_rows(layout: Layout, d, g):
+    """Rows of an image's verify forward for drafts of codes d .. d + g - 1 (host ints, or device tensors [n] for
+    compiled rounds): y and the slots up to the bonus code's predicting row, or, when the drafts complete the grid,
+    through the last draft (the forced tokens after it are never read)."""
+    through_last, to_bonus = code_steps(layout, d + g - 1) + 1, code_steps(layout, d + g)
+    if isinstance(d, Tensor):
+        return torch.where(d + g >= layout.codes, through_last, to_bonus) - code_steps(layout, d - 1)
+    return (through_last if d + g >= layout.codes else to_bonus) - code_steps(layout, d - 1)
+
+
+def verify_width(layout: Layout, G: int) -> int:
+    """The most rows verify_rows gives for G drafts: y, G + 1 codes' slots and the end-of-line tokens that a run of
+    G + 1 codes can cross (none without eol); the static width of compiled rounds (docs/chameleon-layout.md)."""
+    return G + 1 + (-(-(G + 1) // layout.cols) if layout.eol is not None else 0)
+
+
+def code_logits(layout: Layout, logits: Tensor, code_slot: Tensor) -> Tensor:
+    """A verify forward's logits [R * n, S, vocab] (forward layout) -> each code's predicting row over the image head,
+    [R * n, T, codebook] for code_slot [n, T] (slot_geometry's); a slot past the forward reads its last row, which
+    no round uses."""
+    n, T = code_slot.shape
+    R, head = logits.shape[0] // n, image_logits(layout, logits)
+    rows = code_slot.clamp(max=logits.shape[1] - 1)[None, ..., None].expand(R, n, T, head.shape[-1])
+    return head.reshape(R, n, -1, head.shape[-1]).gather(2, rows).reshape(R * n, T, -1)
 
 
 def slot_ids(layout: Layout, forced: Tensor, code_slot: Tensor, X: Tensor) -> Tensor:

@@ -24,6 +24,10 @@ not counted), tree_depth = the window verified.
 Batches (`JacobiRounds`, run by speculative.decode): the images still decoding advance together, one target forward
 per iteration over all their windows (ragged, the layout of rounds.py), each image refilling, accepting and
 refining with its own generator, so its tokens and stats never depend on the batch.
+Forced structural tokens (`layout`, docs/chameleon-layout.md): the window, its q and P hold codes over the image
+head (V = codebook, fresh codes uniform over it); the verify forward feeds the forced tokens between the window's
+codes (forced.py: the chain rounds' splicing) and P is read at each code's predicting row, so no forced token is
+drafted, refined or tested, and the uniforms per iteration are the same.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ from lantern.engine.decoding.rounds import (
 )
 from lantern.engine.decoding.chain import accept_chains
 from lantern.engine.decoding.coupling import COUPLINGS, gumbel, gumbel_noise, maximal
+from lantern.engine.decoding.forced import (code_logits, code_positions, slot_geometry, slot_ids, verify_rows,
+                                            verify_width)
+from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.engine.decoding.stats import ImageStats, StepTimer
@@ -110,12 +117,15 @@ class JacobiRounds:
     one read of the accepted lengths; refinement (step 4, at the next iteration's start), the fresh tokens,
     acceptance (chain.accept_chains) and the correction are drawn on the device. Every image draws from its own
     generator in the order of drawing one token at a time: refinement, fresh tokens, tried drafts, the correction.
-    With compile on, jacobi_graph.GraphJacobiRounds runs the same iterations as one compiled call each."""
+    With compile on, jacobi_graph.GraphJacobiRounds runs the same iterations as one compiled call each.
+    layout: the target's sequence carries forced tokens; the rounds decode its N = layout.codes codes."""
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
-                 B: int):
+                 B: int, layout: Layout | None = None):
         self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
-        self.N, self.V, self.device = target.args.image_tokens, target.args.vocab_size, target.output.weight.device
+        self.layout, self.device = layout, target.output.weight.device
+        self.N, self.V = (target.args.image_tokens, target.args.vocab_size) if layout is None else (layout.codes,
+                                                                                                   layout.codebook)
         W = jacobi.window
         self.buf = torch.zeros(B, self.N + W + 1, dtype=torch.long, device=self.device)  # tokens
         self.window = torch.zeros(B, W, dtype=torch.long, device=self.device)
@@ -124,7 +134,7 @@ class JacobiRounds:
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
-        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static)
+        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static, self.layout)
         self.R = cond_emb.shape[0] // self.B
         with timer.section("other"):
             self.buf[:, 0] = first_tokens(p0, self.params, generators)
@@ -164,11 +174,20 @@ class JacobiRounds:
                                                               greedy, coupling, prior, noise)
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
-        """One forward over every active image's [y, x_1..x_L], padded to the longest."""
-        R, S = self.R, max(im.L for im in images) + 1
-        x = torch.cat([self.buf[self.index, self.done - 1][:, None], self.window[self.index, : S - 1]], 1)
-        Q = self.target.args.cls_token_num + self.done - 1
-        pos, slots, visible = ragged(Q, self.Ls + 1, S, R, self.target.cache_len)
+        """One forward over every active image's [y, x_1..x_L], padded to the longest; with a layout, y and the
+        slots after it up to the bonus code's row: the window's codes and the forced tokens between them."""
+        R, S, layout, T = self.R, max(im.L for im in images) + 1, self.layout, self.target.args.cls_token_num
+        y, window = self.buf[self.index, self.done - 1], self.window[self.index, : S - 1]
+        if layout is None:
+            x, Q, lengths = torch.cat([y[:, None], window], 1), T + self.done - 1, self.Ls + 1
+        else:  # self.code_slot [n, S]: each code's predicting row, which commit reads
+            forced, self.code_slot, _ = slot_geometry(layout, self.done, S - 1)
+            longest = max(verify_rows(layout, im.n, im.L) for im in images)
+            x = torch.cat([(y + layout.code_offset)[:, None], slot_ids(layout, forced, self.code_slot, window)], 1)
+            x, Q = x[:, :longest], code_positions(layout, T, self.done - 1)
+            lengths = verify_rows(layout, self.done, self.Ls)
+            width = None if width is None else verify_width(layout, self.jacobi.window)
+        pos, slots, visible = ragged(Q, lengths, x.shape[1], R, self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
         rows = forward_rows_of(self.index, self.B, R)
@@ -176,6 +195,8 @@ class JacobiRounds:
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """Step 3 for every active image on the device, then the one read of the iteration."""
+        if self.layout is not None:  # each code's predicting row over the image head (the eol's after a row end)
+            logits = code_logits(self.layout, logits, self.code_slot)
         W, N, S = self.jacobi.window, self.N, logits.shape[1]
         P = batch_probs(logits, self.params, self.done[:, None] + torch.arange(S, device=self.device))
         u = None if self.params.greedy else self.u[:, W:]

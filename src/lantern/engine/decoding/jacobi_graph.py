@@ -12,6 +12,10 @@ State kept between batches, for every image b (finished ones take part as paddin
 Uniforms: an iteration reads the L uniforms of its guesses and fresh tokens from `taken` on, then (sampling) the
 acceptance block after them, and advances `taken` by what the eager rounds would have drawn (jacobi.JacobiRounds:
 L, then the tries and the correction).
+Forced structural tokens (`layout`, docs/chameleon-layout.md): buf, the window, P and their q hold codes over the
+image head; the verify feeds the forced tokens between the window's codes (forced.py) at the static width
+forced.verify_width(layout, W) (W + 1 and the end-of-line tokens W + 1 codes can cross), P is read at the codes'
+rows; layout None leaves every shape and number as they are.
 """
 
 from __future__ import annotations
@@ -21,23 +25,27 @@ from torch import Tensor
 
 from lantern.engine.decoding.chain import accept_chains
 from lantern.engine.decoding.coupling import gumbel_noise
+from lantern.engine.decoding.forced import (code_logits, code_positions, slot_geometry, slot_ids, verify_rows,
+                                            verify_width)
 from lantern.engine.decoding.graph import GraphLoop, graph_rule
 from lantern.engine.decoding.jacobi import Image, Jacobi, refill
 from lantern.engine.decoding.rounds import batch_probs, finish, first_tokens, in_rows, prefill_rows, ragged
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.stats import ImageStats, StepTimer
+from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.engine.rules.acceptance import AcceptRule
 
 
 def jacobi_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor, a: Tensor, prev: Tensor,
                  stream: Tensor, taken: Tensor, params: SamplingParams, table: Tensor | None, rule: AcceptRule,
-                 jacobi: Jacobi, last: tuple[Tensor, Tensor] | None = None, noise: Tensor | None = None) -> Tensor:
+                 jacobi: Jacobi, last: tuple[Tensor, Tensor] | None = None, noise: Tensor | None = None,
+                 layout: Layout | None = None) -> Tensor:
     """One Jacobi iteration of every image (the module docstring's state, updated in place). Returns [B, 2]: the
     accepted prefixes (0 for finished images) and the windows verified."""
     B, W = n.shape[0], jacobi.window
     R, device = target.cache_key_valid.shape[0] // B, n.device
-    N, T = target.args.image_tokens, target.args.cls_token_num
+    N, T = target.args.image_tokens if layout is None else layout.codes, target.args.cls_token_num
     live = n < N
     j = torch.arange(W + 1, device=device)
     # 4 and 1: refine after the last accepted prefix, top up with fresh tokens (jacobi.JacobiRounds.draft)
@@ -53,10 +61,20 @@ def jacobi_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor, a: T
     if last is not None:
         last[0].copy_(window)
         last[1].copy_(q)
-    # 2. verify [y, window] at target positions T + n - 1 ..
-    seq = torch.cat([buf.gather(1, (n - 1)[:, None]), window], 1)
-    pos, slots, visible = ragged(T + n - 1, torch.where(live, Ls + 1, 0), W + 1, R, target.cache_len)
+    # 2. verify [y, window] at target positions T + n - 1 .. (with a layout: y and the slots after it, the forced
+    # tokens between the window's codes, from y's position)
+    y = buf.gather(1, (n - 1)[:, None])
+    if layout is None:
+        seq, Q, lengths = torch.cat([y, window], 1), T + n - 1, Ls + 1
+    else:
+        forced, code_slot, _ = slot_geometry(layout, n, W)
+        seq = torch.cat([y + layout.code_offset, slot_ids(layout, forced, code_slot, window)], 1)
+        seq, Q = seq[:, : verify_width(layout, W)], code_positions(layout, T, n - 1)
+        lengths = verify_rows(layout, n, Ls)
+    pos, slots, visible = ragged(Q, torch.where(live, lengths, 0), seq.shape[1], R, target.cache_len)
     logits, _ = target.forward_rows(target.embed_tokens(in_rows(seq, R)), pos, slots, visible)
+    if layout is not None:  # each code's predicting row over the image head
+        logits = code_logits(layout, logits, code_slot)
     Pn = batch_probs(logits, params, n[:, None] + j)
     # 3. accept (the acceptance block follows the window's L uniforms), commit
     a_new, token = accept_chains(Pn, q, window, Ls, None if params.greedy else u.gather(1, Ls[:, None] + j), params,
@@ -81,15 +99,16 @@ class GraphJacobiRounds(GraphLoop):
     stream_in_greedy = True  # the fresh tokens' uniforms
 
     def __init__(self, target: GPT, jacobi: Jacobi, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
-                 B: int):
+                 B: int, layout: Layout | None = None):
         rule, table = graph_rule(rule, table)
         self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
-        self.N, self.device = target.args.image_tokens, target.output.weight.device
+        self.layout, self.device = layout, target.output.weight.device
+        self.N = target.args.image_tokens if layout is None else layout.codes
         self.per_round = 2 * jacobi.window + 1
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
-        p0, _, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, True)
+        p0, _, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, True, self.layout)
         B, N, W, V = self.B, self.N, self.jacobi.window, p0.shape[-1]
         with timer.section("other"):
             self.buf = self.kept("jacobi_buf", (B, N + W + 1), torch.long)
@@ -112,7 +131,7 @@ class GraphJacobiRounds(GraphLoop):
 
     def round_inputs(self) -> tuple:
         return (self.target, self.buf, self.n, self.P, self.L, self.a, self.prev, self.stream, self.taken,
-                self.params, self.table, self.rule, self.jacobi, self.last, self.noise)
+                self.params, self.table, self.rule, self.jacobi, self.last, self.noise, self.layout)
 
     def tally(self, im: Image, a: int, L: int) -> None:
         im.stats.tree_depth.append(L)

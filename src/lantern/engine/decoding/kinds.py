@@ -22,23 +22,31 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
+def runs_under_layout(drafting, drafter, compile: bool) -> bool:
+    """Whether a kind's rounds decode a sequence with forced structural tokens (docs/chameleon-layout.md): Jacobi
+    windows, eager or compiled, and eager chains without skipped verifies, so far."""
+    if isinstance(drafting, Jacobi):
+        return True
+    return isinstance(drafting, Chain) and not compile and drafter is not None and not skips(drafting)
+
+
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
-    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
-    chain rounds only so far."""
+    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the
+    kinds of `runs_under_layout`."""
+    if layout is not None and not runs_under_layout(drafting, drafter, compile):
+        raise UserError(f"layout {layout.name} (forced structural tokens) runs with Jacobi windows, or with chain "
+                        "drafting, eager, without skipped verifies, so far; trees and compiled chains are designed "
+                        "in docs/chameleon-layout.md")
+    if isinstance(drafting, Jacobi):
+        graph = compile and graph_capturable(rule)
+        return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B, layout)
     if layout is not None:
-        if not isinstance(drafting, Chain) or compile or drafter is None or skips(drafting):
-            raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, "
-                            "without skipped verifies, so far; trees, Jacobi windows and compiled rounds are "
-                            "designed in docs/chameleon-layout.md")
         rounds = ChainRounds(target, drafter, drafting, params, rule, table, B)
         rounds.use_layout(layout)
         return rounds
-    if isinstance(drafting, Jacobi):
-        graph = compile and graph_capturable(rule)
-        return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B)
     if drafter is None:
         raise ValueError(f"{type(drafting).__name__} drafting needs a drafter")
     if skips(drafting):  # VVS: eager rounds (speculative.decode compiles none of them)
