@@ -222,3 +222,20 @@ def test_chameleon_flags_need_a_family_and_out_must_be_a_folder(files, tmp_path)
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="is a file; a Chameleon drafter is a folder"):
         cli(files, "anole", tmp_path / "file")
+
+
+def test_prompt_files_of_each_kind_and_the_api_refuses_feature_layers(files, tmp_path):
+    from lantern.pipeline.train_drafter_chameleon import read_prompt_set
+    from lantern.worlds.llamagen.prompts import write_prompts
+
+    (tmp_path / "p.tsv").write_text("Prompt\tCategory\na red cat\tAnimals\nthe mat\tThings\n")
+    write_prompts([("7", "a red cat"), ("8", "the mat")], tmp_path / "p.csv")
+    for name in ("p.tsv", "p.csv"):
+        assert read_prompt_set(tmp_path / name) == ["a red cat", "the mat"], name
+    assert read_prompt_set(files["prompts"]) == CAPTIONS
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(UserError, match="holds no prompts"):
+        read_prompt_set(tmp_path / "empty.json")
+    world = world_of(files, "anole")
+    with pytest.raises(UserError, match="reads the last hidden state only"):
+        new_drafter(world.target, DrafterParams(feature_layers=[0]))

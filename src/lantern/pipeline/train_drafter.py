@@ -5,7 +5,8 @@ distribution, with uniform noise on the input hidden states and conditions dropp
 target's class-dropout rate, so the drafter learns the unconditional stream CFG needs. unroll > 1 also trains chain
 steps 2..n on the drafter's own predictions, attending as decoding does (`unrolled`). Data: real token sequences
 (`lantern tokenize` / `lantern encode-images` files, with caption features for t2i), the target's own samples,
-or both.
+or both. A Chameleon target (--family; its pieces in train_drafter_chameleon.py) gets the LANTERN authors' drafter,
+trained on the target's own generations from --prompts, its dropped rows on the family's uncond prompt.
 """
 
 from __future__ import annotations
@@ -193,11 +194,11 @@ def new_drafter(target: GPT, params: DrafterParams) -> Drafter:
     """A freshly initialised drafter for `target` (seeded by the caller): ours, or for a Chameleon target the
     authors' architecture (their embedding, fc with bias, one Chameleon layer), its trained weights in fp32 beside
     the target's dtype (the frozen embedding and the shared head stay the target's)."""
+    from lantern.pipeline.train_drafter_chameleon import check_params
+
     if not isinstance(target, Chameleon):
         return Drafter.from_target(target, DrafterOptions(feature_layers=tuple(params.feature_layers)))
-    if params.feature_layers:
-        raise UserError(f"drafter feature_layers {list(params.feature_layers)}: the authors' Chameleon drafter reads "
-                        "the last hidden state only; set feature_layers: []")
+    check_params(params)
     drafter = ChameleonDrafter.from_target(target)
     drafter.fc.float(), drafter.layer.float()
     return drafter
@@ -452,7 +453,7 @@ def main(argv: list[str]) -> None:
     cham.add_argument("--vqgan-yaml", help="its vqgan.yaml (default: beside the checkpoint)")
     cham.add_argument("--pixels", type=int, help="image side (default: Anole 512, Lumina-mGPT 768)")
     cham.add_argument("--prompt-tokens", type=int, default=128, help="prompt slots (prompts left-padded to it)")
-    cham.add_argument("--gen-batch", type=int, default=8, help="sequences generated per batch (memory only)")
+    cham.add_argument("--gen-batch", type=int, default=8, help="sequences generated per batch (memory; each sequence draws from its own seed)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), DrafterParams)
     params = with_threads(params, a.threads)

@@ -1,20 +1,20 @@
-"""`lantern train-drafter --family anole|lumina-mgpt`: the LANTERN authors' Chameleon drafter (one Chameleon layer,
-fc with bias, the target's embedding; engine/models/chameleon.py) trained for a released Chameleon target on the
-target's own generations, and saved in the authors' folder layout, which worlds/chameleon/hf.load_drafter reads.
+"""The pieces of `lantern train-drafter --family anole|lumina-mgpt` (run by train_drafter.chameleon_main): the
+LANTERN authors' Chameleon drafter (one Chameleon layer, fc with bias, the target's embedding;
+engine/models/chameleon.py) trained for a released Chameleon target on the target's own generations, and saved in
+the authors' folder layout, which worlds/chameleon/hf.load_drafter reads.
 
 Data, as the authors make Lumina-mGPT's (chameleon-targets.md section 5): the target generates one image per
 prompt (prompts in turn, n_self sequences) with its family's layout and the authors' sampling (CFG 3, top-k 2000,
 overridable by `self_sampling`); a sequence is (the family's prompt ids, every generated step: codes and the
-forced structural tokens, Lumina's end-of-line and end-of-image). Sequence i draws from its own generator, so the
-set does not depend on --gen-batch. The sequences are kept in `<out>.self.pt` as they are made: a rerun with the same
-target, prompts, sampling and seed goes on from there, and a later training run with other optimiser params reuses
-them. Training is train_drafter's (SmoothL1 + 0.1 soft CE, resume), with `cond_dropout` (default 0.1, the
-authors' uncond share) of the rows on the family's uncond prompt.
+forced structural tokens, Lumina's end-of-line and end-of-image). Sequence i draws from its own seed (`seed`, i).
+The sequences are kept in `<out>.self.pt` as they are made (`SelfData`): a rerun with the same target, prompts,
+sampling, seed and n_self goes on from there, and a later training run with other optimiser params reuses them.
+Training is train_drafter's (SmoothL1 + soft CE, resume), with `cond_dropout` (default 0.1, the authors' uncond
+share) of the rows on the family's uncond prompt.
 
 Output folder: config.json (the target's, num_hidden_layers 1, bias true), pytorch_model.bin (the authors' keys, in
-the target's dtype) and training.json (params, history, data: our record; the loader reads only the first two).
+the target's dtype) and training.json (params, history: our record; the loader reads only the first two).
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -46,6 +46,13 @@ def read_prompt_set(path) -> list[str]:
     return [caption for _, caption in rows]
 
 
+def check_params(params: DrafterParams) -> None:
+    """What the authors' drafter cannot take."""
+    if params.feature_layers:
+        raise UserError(f"drafter feature_layers {list(params.feature_layers)}: the authors' Chameleon drafter reads "
+                        "the last hidden state only; set feature_layers: []")
+
+
 def check_args(a, params: DrafterParams) -> None:
     """What the Chameleon path refuses, before any file is read."""
     for flag in ("tokens", "caption_features", "target_spec"):
@@ -55,9 +62,7 @@ def check_args(a, params: DrafterParams) -> None:
     if params.data != "self":
         raise UserError(f"drafter data {params.data}: a Chameleon drafter trains on its target's own generations; "
                         "set data: self and n_self: N in --params")
-    if params.feature_layers:
-        raise UserError(f"drafter feature_layers {list(params.feature_layers)}: the authors' Chameleon drafter reads "
-                        "the last hidden state only; set feature_layers: []")
+    check_params(params)
     if not a.prompts or not a.tokenizer or not a.vqgan_ckpt:
         raise UserError("a Chameleon target needs --prompts (the captions to generate from), --tokenizer and "
                         "--vqgan-ckpt (the model's tokenizer.json and tokenizer/vqgan.ckpt)")
