@@ -239,3 +239,34 @@ def test_prompt_files_of_each_kind_and_the_api_refuses_feature_layers(files, tmp
     world = world_of(files, "anole")
     with pytest.raises(UserError, match="reads the last hidden state only"):
         new_drafter(world.target, DrafterParams(feature_layers=[0]))
+
+
+def test_a_killed_data_step_goes_on_from_its_stored_sequences(files, tmp_path, monkeypatch, capsys):
+    """Self-generation killed after its second batch (stored every 8 sequences) goes on from the 16 stored, and
+    ends with the sequences of an uninterrupted step."""
+    import lantern.engine.decoding.generate as gen_module
+    from lantern.pipeline import train_drafter_chameleon as cham
+
+    world = world_of(files, "lumina-mgpt")
+    params = DrafterParams(**PARAMS)
+    want, cond, _ = chameleon_self_data(world, CAPTIONS, params, tmp_path / "whole.pt", batch=8)
+    monkeypatch.setattr(cham, "SAVE_EVERY", 8)
+    real, calls = gen_module.generate, []
+
+    def dies(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Killed
+        return real(*a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(gen_module, "generate", dies)
+        with pytest.raises(Killed):
+            chameleon_self_data(world, CAPTIONS, params, tmp_path / "cut.pt", batch=8)
+    assert len(torch.load(tmp_path / "cut.pt", weights_only=True)["tokens"]) == 16
+    capsys.readouterr()
+    got, got_cond, _ = chameleon_self_data(world, CAPTIONS, params, tmp_path / "cut.pt", batch=4)
+    assert "16 of 24 self-generated sequences read from" in capsys.readouterr().out
+    assert torch.equal(got, want) and torch.equal(got_cond, cond)
+    other = chameleon_self_data(world, CAPTIONS, DrafterParams(**dict(PARAMS, n_self=20)), tmp_path / "cut.pt", 8)
+    assert "another data step's sequences" in capsys.readouterr().out and len(other[0]) == 20
