@@ -157,6 +157,9 @@ class DrafterParams:
     grad_clip: float = 0.5  # clip each gradient value to [-0.5, 0.5] (EAGLE)
     ce_weight: float = 0.1
     hidden_noise: float = 0.1  # uniform noise in [-a, a] on the input hidden states
+    # the share of training rows whose condition becomes the null condition (the uncond stream CFG needs); null:
+    # the target's class_dropout_prob (LlamaGen), the authors' 0.1 (Chameleon: the family's uncond prompt)
+    cond_dropout: float | None = None
     # chain steps trained per position: 1 = EAGLE-1 (every step teacher-forced on the target's hidden states); n > 1
     # also trains steps 2..n fed the drafter's own predictions, as decoding feeds them (a training-time test, as in
     # HASS and EAGLE-3), each step's loss added with the same weights
@@ -191,6 +194,10 @@ class DrafterParams:
         if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
             raise UserError(f"drafter unroll={self.unroll!r} must be an integer >= 1 (chain steps trained per position)")
         check_layer_indices(self.feature_layers)
+        if self.cond_dropout is not None and not (isinstance(self.cond_dropout, (int, float))
+                                                  and not isinstance(self.cond_dropout, bool)
+                                                  and 0 <= self.cond_dropout < 1):
+            raise UserError(f"drafter cond_dropout={self.cond_dropout!r} must lie in [0, 1) (or null: the target's rate)")
         if not 0 < self.val_frac < 1:
             raise UserError(f"drafter val_frac={self.val_frac} must lie in (0, 1)")
         if len(self.betas) != 2 or self.grad_clip <= 0 or self.hidden_noise < 0 or self.ce_weight < 0:

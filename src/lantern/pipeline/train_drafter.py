@@ -5,7 +5,8 @@ distribution, with uniform noise on the input hidden states and conditions dropp
 target's class-dropout rate, so the drafter learns the unconditional stream CFG needs. unroll > 1 also trains chain
 steps 2..n on the drafter's own predictions, attending as decoding does (`unrolled`). Data: real token sequences
 (`lantern tokenize` / `lantern encode-images` files, with caption features for t2i), the target's own samples,
-or both.
+or both. A Chameleon target (--family; its pieces in train_drafter_chameleon.py) gets the LANTERN authors' drafter,
+trained on the target's own generations from --prompts, its dropped rows on the family's uncond prompt.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lantern.errors import UserError
 from lantern.hparams import DrafterParams
 from lantern.params import add_threads_arg, check_feature_layers, params_from, use_threads, with_threads
 from lantern.io import load_torch, read_resume, read_structured, save_torch
+from lantern.engine.models.chameleon import Chameleon, ChameleonDrafter
 from lantern.engine.models.model import GPT, causal_mask
 
 from lantern.engine.models.drafter import Drafter, DrafterOptions, save_drafter, target_states
@@ -66,7 +68,9 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     h_in = h[:, :-1]
     if noise > 0:
         h_in = h_in + (torch.rand_like(h_in) * 2 - 1) * noise
-    preds = unrolled(drafter, emb, h_in, drafter.padding_mask(cond_mask, emb.shape[1]), unroll)
+    S = emb.shape[1]
+    preds = unrolled(drafter, emb, h_in, drafter.padding_mask(cond_mask, S), unroll,
+                     drafter.uncached_positions(cond_mask, S))
     out, h = {}, h[..., -target.args.dim :]  # the post-norm state, behind any feature layers' outputs
     for s, pred in enumerate(preds):  # step s + 1 at positions s..S-1; its image-predicting ones: s + lo >= T - 1
         lo = max(T - 1 - s, 0)
@@ -74,20 +78,22 @@ def drafter_losses(drafter: Drafter, target: GPT, cond: Tensor, tokens: Tensor, 
     return out
 
 
-def unrolled(drafter: Drafter, emb: Tensor, hidden: Tensor, mask: Tensor | None, steps: int) -> list[Tensor]:
-    """The drafter's predictions over S positions (emb, hidden [B, S, d]; mask as Drafter.forward's) as chain steps
-    1..steps: step 1 the teacher-forced pass, step s + 1 at positions s..S-1, fed step s's predictions at
-    positions s-1..S-2 and attending as in decoding (unrolled_mask), in one pass over all streams per step."""
+def unrolled(drafter: Drafter, emb: Tensor, hidden: Tensor, mask: Tensor | None, steps: int,
+             pos: Tensor | None = None) -> list[Tensor]:
+    """The drafter's predictions over S positions (emb, hidden [B, S, d]; mask and positions pos ([S] or per row
+    [B, S], default 0..S-1) as Drafter.forward's) as chain steps 1..steps: step 1 the teacher-forced pass, step
+    s + 1 at positions s..S-1, fed step s's predictions at positions s-1..S-2 and attending as in decoding
+    (unrolled_mask), in one pass over all streams per step."""
     hidden = drafter.fused(hidden)  # d wide, as the predictions the later streams read
-    pred = drafter(emb, hidden, mask)
-    preds, S = [pred], emb.shape[1]
+    S = emb.shape[1]
+    pos = torch.arange(S, device=emb.device) if pos is None else pos
+    preds = [drafter(emb, hidden, mask, pos)]
     if steps > 1:
         base = causal_mask(S, S, emb.device) if mask is None else mask
-        pos = torch.arange(S, device=emb.device)
         streams = [(emb, hidden, pos)]
         for s in range(1, steps):
-            streams.append((emb[:, s:], preds[-1][:, :-1], pos[s:]))
-            e, h, p = (torch.cat(parts, dim) for parts, dim in zip(zip(*streams), (1, 1, 0)))
+            streams.append((emb[:, s:], preds[-1][:, :-1], pos[..., s:]))
+            e, h, p = (torch.cat(parts, dim) for parts, dim in zip(zip(*streams), (1, 1, -1)))
             preds.append(drafter(e, h, unrolled_mask(base, s + 1), p)[:, -(S - s) :])
     return preds
 
@@ -124,25 +130,33 @@ def to_target(cond: Tensor, target: GPT) -> Tensor:
 
 
 def self_generate(target: GPT, cond, sampling: dict, seed: int, batch: int = 64,
-                  cond_mask: Tensor | None = None) -> Tensor:
+                  cond_mask: Tensor | None = None, layout=None, done: Tensor | None = None,
+                  on_batch=None) -> Tensor:
     """Token sequences sampled from the target itself for conditions `cond` (labels, caption features or
-    CaptionRows, with cond_mask for captions), one generator per sequence.
+    CaptionRows, with cond_mask for captions; a Chameleon target's prompt ids and mask), one generator per sequence.
+    layout: a family's head layout (engine/models/layout.py): the sequences are then its generated steps, forced
+    tokens included, as the target reads them. done: the first sequences, already generated (a resumed data step);
+    on_batch(sequences so far) is called after each batch.
 
     Seeds live in their own namespace (derived from `seed`), so training sequences never coincide with the images
-    an evaluation draws from (global seed, index).
+    an evaluation draws from (global seed, index); sequence i draws from its own generator whatever the batches.
     """
     from lantern.engine.decoding.generate import generate
     from lantern.engine.decoding.sampling import SamplingParams, image_generator, image_seed
+    from lantern.engine.models.layout import codes_to_ids
 
     params = params_from(sampling, SamplingParams, "drafter self_sampling.")
-    out = []
+    out = [] if done is None or not len(done) else [done]
     device = target.output.weight.device
-    for lo in tqdm(range(0, len(cond), batch), desc="self-generate", mininterval=2.0):
+    for lo in tqdm(range(0 if done is None else len(done), len(cond), batch), desc="self-generate", mininterval=2.0):
         rows = torch.arange(lo, min(lo + batch, len(cond)))
         c = to_target(cond[rows], target)
         m = None if cond_mask is None else cond_mask[rows].to(device)
         gens = [image_generator(image_seed(seed, -1), i) for i in rows.tolist()]
-        out.append(generate(target, c, params, gens, cond_mask=m)[0].cpu())
+        tokens = generate(target, c, params, gens, cond_mask=m, layout=layout)[0]
+        out.append((tokens if layout is None else codes_to_ids(layout, tokens)).cpu())
+        if on_batch is not None:
+            on_batch(torch.cat(out))
     return torch.cat(out)
 
 
@@ -164,6 +178,32 @@ def run_identity(target: GPT, tokens: Tensor, cond, params: DrafterParams) -> di
             "cond": digest(cond.where if isinstance(cond, CaptionRows) else cond)}
 
 
+# the LANTERN authors' Chameleon drafter data: 90 % cond, 10 % uncond sequences (chameleon-targets.md section 5)
+CHAMELEON_UNCOND = 0.1
+
+
+def dropout_rate(target: GPT, params: DrafterParams) -> float:
+    """The fraction of training rows whose condition becomes the null condition: params.cond_dropout, else the
+    target's own class-dropout rate (LlamaGen) or the authors' uncond share (Chameleon)."""
+    if params.cond_dropout is not None:
+        return params.cond_dropout
+    return CHAMELEON_UNCOND if isinstance(target, Chameleon) else target.args.class_dropout_prob
+
+
+def new_drafter(target: GPT, params: DrafterParams) -> Drafter:
+    """A freshly initialised drafter for `target` (seeded by the caller): ours, or for a Chameleon target the
+    authors' architecture (their embedding, fc with bias, one Chameleon layer), its trained weights in fp32 beside
+    the target's dtype (the frozen embedding and the shared head stay the target's)."""
+    from lantern.pipeline.train_drafter_chameleon import check_params
+
+    if not isinstance(target, Chameleon):
+        return Drafter.from_target(target, DrafterOptions(feature_layers=tuple(params.feature_layers)))
+    check_params(params)
+    drafter = ChameleonDrafter.from_target(target)
+    drafter.fc.float(), drafter.layer.float()
+    return drafter
+
+
 def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
                   cond_mask: Tensor | None = None, resume: str | Path | None = None) -> tuple[Drafter, dict]:
     """Train a drafter for `target` on image token sequences [n, N] with their conditions (labels, caption features,
@@ -173,7 +213,8 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
     device = target.output.weight.device
     target.eval().requires_grad_(False)
     torch.manual_seed(params.seed)
-    drafter = Drafter.from_target(target, DrafterOptions(feature_layers=tuple(params.feature_layers))).train()
+    drafter = new_drafter(target, params).train()
+    dropout = dropout_rate(target, params)
     n = tokens.shape[0]
     n_val = max(1, int(round(n * params.val_frac)))
     if n - n_val < 1:
@@ -187,9 +228,9 @@ def train_drafter(target: GPT, tokens: Tensor, cond, params: DrafterParams,
 
     def batch_of(idx, drop: bool):
         c = to_target(cond[idx], target)
-        if drop:  # null-condition rows at the target's own class-dropout rate (global RNG, seeded above)
-            c = target.drop_cond(c, target.args.class_dropout_prob)
         m = None if cond_mask is None else cond_mask[idx].to(device)
+        if drop:  # null-condition rows at the dropout rate (global RNG, seeded above)
+            c, m = target.drop_conditions(c, m, dropout)
         return c, tokens[idx][:, :-1].to(device), m
 
     resume = Path(resume) if resume is not None and params.checkpoint_every else None
@@ -392,7 +433,8 @@ def main(argv: list[str]) -> None:
     from lantern.pipeline.determinism import configure as configure_determinism
 
     ap = argparse.ArgumentParser(prog="lantern train-drafter", description=__doc__)
-    ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves")
+    ap.add_argument("--target", required=True, help="GPT checkpoint the drafter serves (with --family: the released "
+                    "Chameleon HF folder)")
     ap.add_argument("--target-spec", default=None, help="llamagen target config (JSON/YAML or file) for upstream files")
     ap.add_argument("--tokens", nargs="+", help="`lantern tokenize` / `lantern encode-images` files (shards, in order)")
     ap.add_argument("--caption-features", nargs="+", help="`lantern encode-captions` files covering the tokens' ids (t2i)")
@@ -402,9 +444,24 @@ def main(argv: list[str]) -> None:
     add_threads_arg(ap)
     ap.add_argument("--dtype", default="fp32", help="target dtype (fp32, bf16, fp16); the drafter's weights are fp32 "
                     "(on CUDA its forward runs under bf16 autocast)")
+    cham = ap.add_argument_group("Chameleon targets (pipeline/train_drafter_chameleon.py)")
+    cham.add_argument("--family", choices=("anole", "lumina-mgpt"), help="train the authors' Chameleon drafter for "
+                      "this family's target, on its own generations; --out is then a folder")
+    cham.add_argument("--prompts", help="captions to generate from: PartiPrompts-style TSV, JSON list or prompt CSV")
+    cham.add_argument("--tokenizer", help="the model's tokenizer.json (or its folder)")
+    cham.add_argument("--vqgan-ckpt", help="the model's tokenizer/vqgan.ckpt")
+    cham.add_argument("--vqgan-yaml", help="its vqgan.yaml (default: beside the checkpoint)")
+    cham.add_argument("--pixels", type=int, help="image side (default: Anole 512, Lumina-mGPT 768)")
+    cham.add_argument("--prompt-tokens", type=int, default=128, help="prompt slots (prompts left-padded to it)")
+    cham.add_argument("--gen-batch", type=int, default=8, help="sequences generated per batch (memory; each sequence draws from its own seed)")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), DrafterParams)
     params = with_threads(params, a.threads)
+    if a.family:
+        return chameleon_main(a, use_threads(params))
+    given = [f for f in ("prompts", "tokenizer", "vqgan_ckpt", "vqgan_yaml", "pixels") if getattr(a, f) is not None]
+    if given:
+        raise UserError(f"--{given[0].replace('_', '-')} is for Chameleon targets; give --family anole or lumina-mgpt")
     if params.data != "self" and not a.tokens:
         raise UserError(f"drafter data {params.data} needs --tokens (`lantern tokenize` / `lantern encode-images` files)")
     params = use_threads(params)
@@ -438,3 +495,34 @@ def main(argv: list[str]) -> None:
     resume.unlink(missing_ok=True)  # the drafter is written: nothing left to resume
     last = metrics["history"][-1]
     print(f"drafter -> {a.out}: val top-1 agreement {last['val_top1']:.3f}, val acceptance {last['val_accept']:.3f}")
+
+
+def chameleon_self_data(world, captions: list[str], params: DrafterParams, path: Path, batch: int):
+    """(steps [n, N], prompt ids [n, T], masks [n, T]) of params.n_self sequences the world's Chameleon target
+    generates from `captions` in turn, kept in `path` as they are made (train_drafter_chameleon.SelfData)."""
+    from lantern.pipeline.train_drafter_chameleon import SelfData
+
+    data = SelfData(world, captions, params, path)
+    tokens = data.done if data.complete else self_generate(
+        world.target, data.cond, data.sampling, params.seed, batch, data.mask, world.layout, data.done, data.keep)
+    return tokens, data.cond, data.mask
+
+
+def chameleon_main(a, params: DrafterParams) -> None:
+    """`lantern train-drafter --family`: the authors' drafter for a released Chameleon target, trained on its own
+    generations and written in their folder layout (pipeline/train_drafter_chameleon.py)."""
+    from lantern.pipeline.train_drafter_chameleon import load, save_authors_folder
+
+    world, captions = load(a, params)
+    out = Path(a.out)
+    tokens, cond, mask = chameleon_self_data(world, captions, params, Path(f"{out}.self.pt"), a.gen_batch)
+    if params.max_sequences:
+        tokens, cond, mask = (t[: params.max_sequences] for t in (tokens, cond, mask))
+    resume = Path(f"{out}.resume.pt")
+    drafter, metrics = train_drafter(world.target, tokens, cond, params, mask, resume=resume)
+    record = {"family": a.family, "target": str(a.target), "prompts": str(a.prompts), "sequences": len(tokens),
+              "params": dataclasses.asdict(params), **metrics}
+    save_authors_folder(out, drafter, world.target, a.target, record)
+    resume.unlink(missing_ok=True)  # the drafter is written: nothing left to resume (the data stays, for reuse)
+    last = metrics["history"][-1]
+    print(f"drafter -> {out}: val top-1 agreement {last['val_top1']:.3f}, val acceptance {last['val_accept']:.3f}")

@@ -172,10 +172,21 @@ class Chameleon(GPT):
         super().set_cond_mask(cond_mask)
 
     def drop_cond(self, cond: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
-        if p:
-            raise UserError(f"condition dropout (p={p}) is not built for Chameleon targets (nor is their drafter "
-                            "training); use the authors' released drafters")
+        if p:  # the null prompt has its own key mask: a dropped prompt without it would attend to stale slots
+            raise RuntimeError("a Chameleon prompt drops with its key mask: call drop_conditions")
         return cond
+
+    def drop_conditions(self, cond: Tensor, cond_mask: Tensor | None, p: float,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+        """Each row replaced with probability p by the family's CFG null prompt (`null_cond`, Anole [<s>, boi],
+        Lumina [boi, s, s]) and its key mask: the uncond row the authors' CFG runs and their drafter trains on."""
+        if p == 0:
+            return cond, cond_mask
+        B, device = cond.shape[0], cond.device
+        draw_on = generator.device if generator is not None else device
+        drop = (torch.rand(B, device=draw_on, generator=generator) < p).to(device)[:, None]
+        mask = torch.ones_like(cond, dtype=torch.bool) if cond_mask is None else cond_mask.bool()
+        return torch.where(drop, self.null_cond(B, device), cond), torch.where(drop, self.null_mask(B, device), mask)
 
     def embed_cond(self, cond: Tensor) -> Tensor:
         return self.tok_embeddings(cond)
@@ -271,13 +282,31 @@ class ChameleonDrafter(Drafter):
         self.tok_embeddings.requires_grad_(False)
 
     def head(self, hidden: Tensor) -> Tensor:
-        return image_logits(hidden, self.output.weight, self.args, self.extra)
+        # in the head's dtype: training keeps fp32 weights beside a bf16 target (the shared lm_head)
+        return image_logits(hidden.to(self.output.weight.dtype), self.output.weight, self.args, self.extra)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         return self.tok_embeddings(self.head_ids[tokens])
 
     def cond_inputs(self, cond_emb: Tensor) -> Tensor:
         return cond_emb[:, 1:].to(self.fc.weight.dtype)
+
+    def padding_mask(self, cond_mask: Tensor | None, S: int) -> Tensor | None:
+        """The uncached (training) pass's mask, as cached drafting keys it (set_cond_mask): position p is valid
+        where prompt slot p is, unshifted (it reads h_p, a padding slot's state when slot p is padding)."""
+        if cond_mask is None:
+            return None
+        valid = key_mask(cond_mask[:, : cond_mask.shape[1] - 1], S)
+        return (causal_mask(S, S, cond_mask.device) & valid) | torch.eye(S, dtype=torch.bool, device=cond_mask.device)
+
+    def uncached_positions(self, cond_mask: Tensor | None, S: int) -> Tensor:
+        """Each row's positions [B, S] in the uncached pass: those cached drafting gives (the row's padding taken
+        off), so training rotates as decoding does."""
+        pos = torch.arange(S, device=self.fc.weight.device)
+        if cond_mask is None:
+            return pos
+        T = cond_mask.shape[1]
+        return rope_positions(pos, cond_mask[:, : T - 1].bool(), None, T - 1)
 
     def set_cond_mask(self, cond_mask: Tensor | None) -> None:
         """Drafter position p reads h_p and token p + 1: valid where prompt slot p is (left padding), unshifted."""

@@ -176,3 +176,32 @@ def drafter_from_authors(sd: dict[str, Tensor], path, target: Chameleon, where: 
     drafter = build(ChameleonDrafter, args, state, w.dtype, w.device)
     drafter.copy_frozen(target)
     return drafter.eval().requires_grad_(False)
+
+
+def authors_layer_state(state: dict[str, Tensor], ours: str, prefix: str, args: ChameleonArgs) -> dict[str, Tensor]:
+    """layer_state's inverse: our TransformerBlock keys under `ours` as transformers' Chameleon layer keys under
+    `prefix`, back in HF's rotate-half layout (q / k rows and q / k-norm params per head)."""
+    back = torch.argsort(rotate_half_to_pairs(args.head_dim))
+    H, hd = args.n_head, args.head_dim
+    halves = lambda w: w.reshape(H, hd, -1)[:, back].reshape(H * hd, -1)  # noqa: E731
+    q, k, v = state[f"{ours}attention.wqkv.weight"].split(args.dim)
+    return {
+        f"{prefix}self_attn.q_proj.weight": halves(q), f"{prefix}self_attn.k_proj.weight": halves(k),
+        f"{prefix}self_attn.v_proj.weight": v, f"{prefix}self_attn.o_proj.weight": state[f"{ours}attention.wo.weight"],
+        **{f"{prefix}self_attn.{n}_norm.{p}": state[f"{ours}attention.{n}_norm.{p}"][:, back]
+           for n in "qk" for p in ("weight", "bias")},
+        f"{prefix}mlp.gate_proj.weight": state[f"{ours}feed_forward.w1.weight"],
+        f"{prefix}mlp.up_proj.weight": state[f"{ours}feed_forward.w3.weight"],
+        f"{prefix}mlp.down_proj.weight": state[f"{ours}feed_forward.w2.weight"],
+        f"{prefix}input_layernorm.weight": state[f"{ours}attention_norm.weight"],
+        f"{prefix}post_attention_layernorm.weight": state[f"{ours}ffn_norm.weight"],
+    }
+
+
+def drafter_to_authors(drafter: ChameleonDrafter, target: Chameleon, dtype: torch.dtype) -> dict[str, Tensor]:
+    """A ChameleonDrafter as the authors' state dict (the keys drafter_from_authors reads), in `dtype` on the CPU;
+    its embed_tokens is the target's own model.embed_tokens (frozen in training), bit for bit."""
+    state = {k: v.detach().to("cpu", dtype) for k, v in drafter.state_dict().items() if k.startswith(("fc.", "layer."))}
+    return {"embed_tokens.weight": target.tok_embeddings.weight.detach().to("cpu").clone(),
+            "fc.weight": state["fc.weight"], "fc.bias": state["fc.bias"],
+            **{k: v.contiguous() for k, v in authors_layer_state(state, "layer.", "layers.0.", drafter.args).items()}}

@@ -140,6 +140,10 @@ class Drafter(nn.Module):
         """The uncached pass's attention mask for S positions (None: causal)."""
         return drafter_mask(cond_mask if self.options.mask_padding else None, S)
 
+    def uncached_positions(self, cond_mask: Tensor | None, S: int) -> Tensor:
+        """Drafter positions of the uncached pass over S positions ([S], or per row [B, S])."""
+        return torch.arange(S, device=self.fc.weight.device)
+
     def fused(self, hidden: Tensor) -> Tensor:
         """The d-wide state the drafter reads: the target's features [..., (n + 1) * d] fused (the n layers' outputs
         RMS-normalised, as their scales grow with depth), or a d-wide state (h_t, or a prediction) as it is."""

@@ -376,6 +376,12 @@ class GPT(nn.Module):
             return torch.where(drop, null, cond)
         return torch.where(drop[:, None, None], null.to(cond.dtype), cond)
 
+    def drop_conditions(self, cond: Tensor, cond_mask: Tensor | None, p: float,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+        """drop_cond with the conditions' mask: (conditions, mask); a caption's mask stays (its null row is
+        learned over every slot)."""
+        return self.drop_cond(cond, p, generator), cond_mask
+
     def embed_cond(self, cond: Tensor) -> Tensor:
         return self.cls_embedding(cond)
 
