@@ -11,6 +11,7 @@ from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturab
 from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
+from lantern.engine.decoding.jacobi_tree import JacobiTreeRounds, ProactiveJacobi
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds, skips
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
@@ -27,7 +28,12 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
-    chain rounds only so far."""
+    chain rounds only so far. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
+    if isinstance(drafting, ProactiveJacobi):
+        if layout is not None:
+            raise UserError(f"layout {layout.name} (forced structural tokens) does not run with proactive Jacobi "
+                            "drafting yet; leave proactive out")
+        return JacobiTreeRounds(target, drafting, params, rule, table, B)
     if layout is not None:
         if not isinstance(drafting, Chain) or compile or drafter is None or skips(drafting):
             raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, "
