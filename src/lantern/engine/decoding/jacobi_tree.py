@@ -40,6 +40,7 @@ verify forward compiled at the static width window + tree nodes + 1 (speculative
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lantern.engine.decoding.jacobi import Image, Jacobi, JacobiRounds
-from lantern.engine.decoding.rounds import batch_probs, forward_rows_of, in_rows, target_forward, to_device
+from lantern.engine.decoding.rounds import batch_probs, forward_rows_of, in_rows, target_forward
 from lantern.engine.decoding.sampling import Uniforms, draw
 from lantern.engine.decoding.tree_rounds import tree_greedy_paths, walk
 from lantern.engine.decoding.trees import _block, successive_draws
@@ -119,6 +120,7 @@ class Shape:
     cont: Tensor  # [1 + M, W + 1] per accepted end node: the row over [y, nodes] that predicts each depth e + 1
 
 
+@functools.lru_cache(maxsize=256)
 def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
     """The proactive tree for a window of L tokens (module docstring), on the host, then sent to `device`."""
     Dc, M = min(D, L), W + tree_nodes(K, D) - D
@@ -154,9 +156,10 @@ def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
     block = torch.zeros(1 + M, 1 + M, dtype=torch.bool)
     block[: 1 + m, : 1 + m] = _block(anc[:m, :m])
     q_row = F.pad(torch.tensor([0] + depth, dtype=torch.long).clamp(max=W - 1), (0, M - m))
-    to = lambda t: t.to(device)  # noqa: E731
-    return Shape(1 + m, to(pad(depth)), to(pad(parent, -1)), to(pad(src)), to(pad([1] * m).bool()), to(block),
-                 to(kids), to(q_row), to(cont))
+    host = [pad(depth), pad(parent, -1), pad(src), pad([1] * m), block, kids, q_row, cont]
+    flat = torch.cat([h.long().flatten() for h in host]).to(device)  # one copy
+    dev = [f.view(h.shape) for f, h in zip(flat.split([h.numel() for h in host]), host)]
+    return Shape(1 + m, dev[0], dev[1], dev[2], dev[3] != 0, dev[4] != 0, dev[5], dev[6], dev[7])
 
 
 def siblings(q: Tensor, x: Tensor, K: int, u: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -172,17 +175,13 @@ def siblings(q: Tensor, x: Tensor, K: int, u: Tensor | None) -> tuple[Tensor, Te
 class JacobiTreeRounds(JacobiRounds):
     """Proactive Jacobi iterations for a batch (module docstring); jacobi.JacobiRounds drafts the window. An image
     draws, after its window's L uniforms: D (K - 1) for the siblings, then the walk's tries and the correction
-    (sampling; the generator then advances by what it used), so its tokens never depend on the batch."""
+    (sampling; the generator then advances by what it used), so its tokens never depend on the batch. Host syncs per
+    iteration: JacobiRounds' plan and window uniforms, the siblings' and walk's uniforms (sampling), the one read;
+    the cache moves are built on the device (four per iteration sampling, three greedy; SJD's: three)."""
 
     def __init__(self, target: GPT, jacobi: ProactiveJacobi, params, rule, table, B: int):
         super().__init__(target, jacobi, params, rule, table, B)
         self.K, self.D = jacobi.proactive, jacobi.proactive_depth
-        self._shapes: dict[int, Shape] = {}
-
-    def shape(self, L: int) -> Shape:
-        if L not in self._shapes:
-            self._shapes[L] = build_shape(self.K, self.D, self.jacobi.window, L, self.device)
-        return self._shapes[L]
 
     def draft(self, images: list[Image]) -> None:
         """The window (jacobi.JacobiRounds.draft), then each slot's siblings below the first D."""
@@ -197,7 +196,7 @@ class JacobiTreeRounds(JacobiRounds):
         sib, ok = siblings(q, x, K, u)
         self.tokens = torch.cat([self.window[self.index], sib.view(n, -1)], 1)  # what Shape.src indexes
         self.ok = torch.cat([torch.ones(n, W, dtype=torch.bool, device=q.device), ok.view(n, -1)], 1)
-        self.shapes = [self.shape(im.L) for im in images]
+        self.shapes = [build_shape(K, D, W, im.L, self.device) for im in images]
 
     def stacked(self, name: str, rows: int) -> Tensor:
         return torch.stack([getattr(s, name)[:rows] for s in self.shapes])
@@ -247,13 +246,15 @@ class JacobiTreeRounds(JacobiRounds):
         end = torch.where(a > 0, path.gather(1, (a - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
         rows = self.stacked("cont", S)[torch.arange(n, device=self.device), end]  # [n, W + 1]
         self.P[self.index] = P.gather(1, rows[..., None].expand(n, W + 1, V))
-        read = torch.cat([torch.stack([a, used], 1), path], 1).tolist()  # the iteration's one read
-        moves, counts = [], []
-        for im, r in zip(images, read):
-            a_i, used_i, nodes = r[0], r[1], r[2 : 2 + r[0]]
-            Q = self.target.args.cls_token_num + im.n - 1
-            moves += [(im.index + k * self.B, Q + 1 + s, Q + 1 + j) for k in range(self.R)
-                      for j, s in enumerate(nodes) if s != j]
+        # the accepted nodes' cache entries into slots Q + 1 .., on the device (the others copy onto themselves)
+        j = torch.arange(deepest, device=self.device)
+        Q = self.target.args.cls_token_num + self.done - 1
+        src, dst = Q[:, None] + 1 + torch.where(path >= 0, path, j), (Q[:, None] + 1 + j).expand(n, deepest)
+        rows = forward_rows_of(self.index, self.B, self.R)
+        rows = (torch.arange(self.R * n, device=self.device) if rows is None else rows)[:, None].expand(-1, deepest)
+        read = torch.stack([a, used, (src != dst).any(-1).long()], 1).tolist()  # the iteration's one read
+        counts = []
+        for im, (a_i, used_i, _) in zip(images, read):
             im.stats.accepted_per_step.append(a_i)
             im.stats.tree_depth.append(im.L)
             done = im.n + a_i == N
@@ -262,5 +263,5 @@ class JacobiTreeRounds(JacobiRounds):
             im.n = N if done else im.n + a_i + 1
         if not self.params.greedy:
             self.ahead.used(counts)
-        if moves:
-            self.target.keep_rows(*to_device(self.device, *zip(*moves)))
+        if any(r[2] for r in read):
+            self.target.keep_rows(rows.flatten(), src.repeat(self.R, 1).flatten(), dst.repeat(self.R, 1).flatten())
