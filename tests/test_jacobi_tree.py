@@ -74,7 +74,8 @@ def joint_pvalue(scale, top_k, cfg, seed, window, K, D, coupling, n, monkeypatch
     monkeypatch.setattr(jacobi_tree, "walk", spy)
     for first in range(0, n, B):
         tokens, _ = decode(target, None, torch.ones(B, dtype=torch.long), params, AcceptRule(),
-                           ProactiveJacobi(window, coupling, K, D), [image_generator(17, i) for i in range(first, first + B)])
+                           ProactiveJacobi(window, coupling, K, D),
+                           [image_generator(17, i) for i in range(first, first + B)])
         for t in tokens.tolist():
             counts[index[tuple(t)]] += 1
     return chi_square_pvalue(joint, counts, n), torch.cat(paths).double().mean().item()

@@ -252,9 +252,10 @@ def _check_proactive(spec: dict, where: str) -> None:
         if D > window:
             raise UserError(f"{where}.proactive_depth = {D} exceeds window = {window}: the tree's levels are window "
                             "positions; lower proactive_depth or raise window")
-    if sum(K ** d for d in range(1, D + 1)) > 1024:  # jacobi_tree.MAX_TREE (no torch here)
-        raise UserError(f"{where}: proactive = {K} with proactive_depth = {D} verifies "
-                        f"{sum(K ** d for d in range(1, D + 1))} tree nodes per forward; keep K + K^2 + .. + K^D <= 1024")
+    nodes = sum(K ** d for d in range(1, D + 1))
+    if nodes > 1024:  # jacobi_tree.MAX_TREE (no torch here)
+        raise UserError(f"{where}: proactive = {K} with proactive_depth = {D} verifies {nodes} tree nodes per "
+                        "forward; keep K + K^2 + .. + K^D <= 1024")
 
 
 def _dynamic(spec: dict):

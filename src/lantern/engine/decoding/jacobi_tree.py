@@ -214,7 +214,8 @@ class JacobiTreeRounds(JacobiRounds):
         slots = torch.where(real, Q[:, None] + torch.arange(S, device=self.device), L_cache - 1)
         rel = torch.arange(L_cache, device=self.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
         block = torch.stack([s.block[:S, :S] for s in self.shapes])
-        tree = block.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(n, S, L_cache)) & ((rel >= 0) & (rel < S))[:, None]
+        tree = block.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(n, S, L_cache))
+        tree = tree & ((rel >= 0) & (rel < S))[:, None]
         visible = ((rel < 0)[:, None, :] & real[..., None]) | tree
         for im in images:
             im.stats.target_forwards += 1
