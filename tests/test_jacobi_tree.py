@@ -140,6 +140,18 @@ def test_batched_equals_one_by_one(f64, coupling, greedy, window):
     assert_same_decodes(got, stats, want, want_stats, f64.args.image_tokens)
 
 
+@pytest.mark.parametrize("drafting, seed", [(ProactiveJacobi(16, "independent", 3, 2), 5),
+                                            (ProactiveJacobi(12, "maximal", 2, 1), 8)])
+def test_cache_moves_beside_images_near_their_end(drafting, seed):
+    """A sibling's cache entry moved while another image's window is cut near its end: the moves stay inside the
+    cache (these seeds once indexed past it) and every image decodes as alone."""
+    target, params = tiny_target(scale=2.0).double(), SamplingParams(cfg_scale=2.0)
+    cond = torch.arange(6) % 4
+    want, want_stats = one_by_one(target, None, cond, params, AcceptRule(), drafting, gens(6, seed))
+    got, stats = decode(target, None, cond, params, AcceptRule(), drafting, gens(6, seed))
+    assert_same_decodes(got, stats, want, want_stats, target.args.image_tokens)
+
+
 def test_t2i_ragged_caption_masks():
     target = tiny_target("t2i", scale=8.0).double()
     cond = torch.randn(3, 5, 12, dtype=torch.float64)

@@ -247,10 +247,12 @@ class JacobiTreeRounds(JacobiRounds):
         end = torch.where(a > 0, path.gather(1, (a - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
         rows = self.stacked("cont", S)[torch.arange(n, device=self.device), end]  # [n, W + 1]
         self.P[self.index] = P.gather(1, rows[..., None].expand(n, W + 1, V))
-        # the accepted nodes' cache entries into slots Q + 1 .., on the device (the others copy onto themselves)
-        j = torch.arange(deepest, device=self.device)
+        # the accepted nodes' cache entries into slots Q + 1 .., on the device; past its path an image copies the
+        # scratch slot onto itself (Q + 1 + j may lie past the cache when another image's window is longer)
+        j, scratch = torch.arange(deepest, device=self.device), self.target.cache_len - 1
         Q = self.target.args.cls_token_num + self.done - 1
-        src, dst = Q[:, None] + 1 + torch.where(path >= 0, path, j), (Q[:, None] + 1 + j).expand(n, deepest)
+        src = torch.where(path >= 0, Q[:, None] + 1 + path, scratch)
+        dst = torch.where(path >= 0, Q[:, None] + 1 + j, scratch)
         rows = forward_rows_of(self.index, self.B, self.R)
         rows = (torch.arange(self.R * n, device=self.device) if rows is None else rows)[:, None].expand(-1, deepest)
         read = torch.stack([a, used, (src != dst).any(-1).long()], 1).tolist()  # the iteration's one read
