@@ -144,11 +144,12 @@ def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
         if p >= 0:
             anc[i] |= anc[p]
     cont = torch.zeros(1 + M, W + 1, dtype=torch.long)
-    for v in range(1 + m):  # v: a row over [y, nodes]; depths up to its own are committed (their rows unread)
-        c = cont[v, 0 if v == 0 else depth[v - 1]] = v
-        for e in range((0 if v == 0 else depth[v - 1]) + 1, W + 1):
-            # its first-ranked child, else the window's node at depth e (row e; none past L)
-            c = cont[v, e] = children[c][0] + 1 if children[c] else (e if e <= L else 0)
+    for v in range(1 + m):  # v: a row over [y, nodes] at depth dv; the rows of depths < dv are never read
+        dv = 0 if v == 0 else depth[v - 1]
+        c = cont[v, dv] = v
+        for e in range(dv + 1, W + 1):  # c's first-ranked child, else the window's node at depth e (row e)
+            c = children[c][0] + 1 if children[c] else (e if e <= L else 0)
+            cont[v, e] = c
     kids = torch.full((1 + M, K), -1, dtype=torch.long)
     for i, c in enumerate(children):
         kids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
