@@ -60,6 +60,8 @@ CONFIGS = [
      r"sweep\.methods\[0\]\.coupling = 'maximum' is not allowed; use one of independent, maximal, gumbel"),
     ("coupling-on-a-chain", method(name="exact", drafting="chain", coupling="maximal"),
      r"sweep\.methods\[0\]\.coupling does not apply to exact with chain drafting"),
+    ("proactive-depth-past-window", method(name="exact", drafting="jacobi", window=2, proactive=4, proactive_depth=3),
+     r"sweep\.methods\[0\]\.proactive_depth = 3 exceeds window = 2: the tree's levels are window positions"),
     ("k-inf", lantern_entry(k=float("inf")), r"k = inf must be a finite number"),
     ("k-above-max-k", lantern_entry(k=1000), r"k = 1000 is larger than neighbours\.max_k"),
     ("lam-one", method(name="lanternpp", lam=1, k=5), r"lam = 1 must be > 1"),

@@ -25,6 +25,7 @@ SPECS = [
     {"name": "gsd", "drafting": "jacobi", "window": 4, "group": 4, "k": 4},  # GSD
     {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": "maximal"},  # SCD, SJD-PAC's continuation
     {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": "gumbel"},  # SCD's Gumbel noise
+    {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": "maximal", "proactive": 3},  # SJD-PAC
     {"name": "gsd", "drafting": "chain", "gamma": 3, "group": 4, "k": 4},
 ]
 

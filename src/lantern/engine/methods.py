@@ -117,6 +117,7 @@ class Drafting:
     params: tuple[Param, ...]
     build: Callable[[dict], Any]
     drafter: bool = True
+    check: Callable[[dict, str], None] | None = None  # what ties its parameters together, on a normalized spec
 
 
 # -- the parameters ---------------------------------------------------------------------------------------------
@@ -146,6 +147,13 @@ COUPLING = Param("coupling", "Jacobi: how the window after the accepted prefix i
                  "maximal (SCD's maximal coupling, the same iteration as SJD-PAC's adaptive continuation) or gumbel "
                  "(SCD's Gumbel coupling); all exact", kind="choice", default="independent",
                  choices=("independent", "maximal", "gumbel"), named="custom")  # coupling.COUPLINGS (no torch here)
+PROACTIVE = Param("proactive", "Jacobi: SJD-PAC's proactive drafting, K candidates (the window's token and K - 1 more "
+                  "drawn without replacement from its draft distribution) at each of the first proactive_depth window "
+                  "positions, verified as a tree in the same forward (jacobi_tree.py; exact); 1: none",
+                  kind="int", default=1, low=1, high=64, tag="pk", symbol="K", grid=False, named="custom", fill=False)
+PROACTIVE_DEPTH = Param("proactive_depth", "Jacobi: window positions with proactive candidates (the authors' "
+                        "tree_depth counts y: their 3 is 2 here)", kind="int", default=2, low=1, high=8, tag="pd",
+                        symbol="D", applies=lambda spec: spec.get("proactive", 1) > 1)
 TOP_K = Param("top_k", "dynamic tree: children offered per expanded node", kind="int", default=10, low=1, tag="top",
               named="custom")
 SCALE = Param("scale", "Cool-SD acceptance weight of a round's first draft: w_i = scale exp(-nu i - mu)", low=0.0,
@@ -228,7 +236,26 @@ def _static(spec: dict):
 def _jacobi(spec: dict):
     from lantern.engine.decoding.jacobi import Jacobi
 
+    if spec.get("proactive", 1) > 1:
+        from lantern.engine.decoding.jacobi_tree import ProactiveJacobi
+
+        return ProactiveJacobi(spec["window"], spec["coupling"], spec["proactive"], spec["proactive_depth"])
     return Jacobi(spec["window"], spec["coupling"])
+
+
+def _check_proactive(spec: dict, where: str) -> None:
+    """The proactive tree's levels are window positions, and its nodes are all verified in one forward."""
+    if spec.get("proactive", 1) == 1:
+        return
+    K, D = spec["proactive"], spec["proactive_depth"]
+    for window in spec["window"] if isinstance(spec["window"], list) else [spec["window"]]:
+        if D > window:
+            raise UserError(f"{where}.proactive_depth = {D} exceeds window = {window}: the tree's levels are window "
+                            "positions; lower proactive_depth or raise window")
+    nodes = sum(K ** d for d in range(1, D + 1))
+    if nodes > 1024:  # jacobi_tree.MAX_TREE (no torch here)
+        raise UserError(f"{where}: proactive = {K} with proactive_depth = {D} verifies {nodes} tree nodes per "
+                        "forward; keep K + K^2 + .. + K^D <= 1024")
 
 
 def _dynamic(spec: dict):
@@ -271,8 +298,8 @@ for _entry in (
     Drafting("dynamic", "dynamic tree", "EAGLE-2 dynamic tree", (TOTAL_TOKENS, DEPTH, TOP_K, SKIP, SKIP_EVERY, SIMILARITY),
              _dynamic),
     Drafting("jacobi", "Jacobi", "speculative Jacobi decoding (SJD): the target refines a window of its own guesses, "
-             "no drafter; coupled re-drafts: SCD, SJD-PAC's adaptive continuation", (WINDOW, COUPLING), _jacobi,
-             drafter=False),
+             "no drafter; coupled re-drafts: SCD, SJD-PAC's adaptive continuation; proactive: SJD-PAC's candidate "
+             "tree", (WINDOW, COUPLING, PROACTIVE, PROACTIVE_DEPTH), _jacobi, drafter=False, check=_check_proactive),
 ):
     register(_entry)
 
@@ -314,6 +341,8 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
             if spec["skip"] == "similarity" and drafting == "chain":
                 raise UserError(f"{where}.skip = 'similarity' needs a draft tree (a chain has one path to compare); "
                                 "use drafting: static or dynamic, or skip: every")
+        if "proactive" in entry and drafting == "jacobi":  # decides whether proactive_depth applies
+            spec["proactive"] = PROACTIVE.check(entry["proactive"], f"{where}.proactive", context)
     params = _params(spec)
     known = {"name", "seed"} | ({"drafting"} if fam.speculative else set()) | {p.name for p in params}
     for key in entry:
@@ -341,6 +370,8 @@ def normalize(entry: dict, where: str = "method", context: dict | None = None, g
     for p in params:
         if not p.fill and spec.get(p.name) == p.default:
             del spec[p.name]
+    if fam.speculative and DRAFTINGS[spec["drafting"]].check is not None:
+        DRAFTINGS[spec["drafting"]].check(spec, where)
     if "seed" in entry:
         spec["seed"] = entry["seed"]
     return spec
@@ -368,6 +399,8 @@ def applicable(entry: dict) -> dict:
             spec["tree"] = entry["tree"]
         if spec["drafting"] in SKIPPING and "skip" in entry:
             spec["skip"] = entry["skip"]
+        if spec["drafting"] == "jacobi" and "proactive" in entry:
+            spec["proactive"] = entry["proactive"]
     keep = {"name", "seed", "drafting"} | {p.name for p in _params(spec)}
     return {k: v for k, v in entry.items() if k in keep}
 

@@ -57,6 +57,7 @@ from lantern.errors import UserError
 class Jacobi:
     window: int = 16  # L: window tokens verified per target forward
     coupling: str = "independent"  # how step 4 re-drafts the window (coupling.py): independent is SJD
+    target_extra = 0  # cache slots past the window (jacobi_tree.ProactiveJacobi's tree nodes)
 
     def __post_init__(self):
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -134,7 +135,8 @@ class JacobiRounds:
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
-        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, static, self.layout)
+        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, self.jacobi.target_extra,
+                                          static, self.layout)
         self.R = cond_emb.shape[0] // self.B
         with timer.section("other"):
             self.buf[:, 0] = first_tokens(p0, self.params, generators)

@@ -11,6 +11,7 @@ from lantern.engine.decoding.chain_graph import GraphChainRounds, graph_capturab
 from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
+from lantern.engine.decoding.jacobi_tree import JacobiTreeRounds, ProactiveJacobi
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds, skips
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
@@ -24,7 +25,9 @@ from lantern.errors import UserError
 
 def runs_under_layout(drafting, drafter, compile: bool) -> bool:
     """Whether a kind's rounds decode a sequence with forced structural tokens (docs/chameleon-layout.md): Jacobi
-    windows, eager or compiled, and eager chains without skipped verifies, so far."""
+    windows (without SJD-PAC's proactive tree), eager or compiled, and eager chains without skipped verifies, so far."""
+    if isinstance(drafting, ProactiveJacobi):
+        return False
     if isinstance(drafting, Jacobi):
         return True
     return isinstance(drafting, Chain) and not compile and drafter is not None and not skips(drafting)
@@ -35,11 +38,13 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the
-    kinds of `runs_under_layout`."""
+    kinds of `runs_under_layout`. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
     if layout is not None and not runs_under_layout(drafting, drafter, compile):
-        raise UserError(f"layout {layout.name} (forced structural tokens) runs with Jacobi windows, or with chain "
-                        "drafting, eager, without skipped verifies, so far; trees and compiled chains are designed "
-                        "in docs/chameleon-layout.md")
+        raise UserError(f"layout {layout.name} (forced structural tokens) runs with Jacobi windows (without "
+                        "proactive), or with chain drafting, eager, without skipped verifies, so far; trees and "
+                        "compiled chains are designed in docs/chameleon-layout.md")
+    if isinstance(drafting, ProactiveJacobi):
+        return JacobiTreeRounds(target, drafting, params, rule, table, B)
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B, layout)

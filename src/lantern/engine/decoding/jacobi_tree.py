@@ -1,0 +1,271 @@
+"""SJD-PAC's proactive drafting (Kang et al., arXiv 2603.18599): a Jacobi iteration (jacobi.py) that verifies, beside
+its window, K candidate tokens at each of the first D window positions, as a tree, in the same ONE target forward.
+
+The window (the main chain x_1..x_L) is jacobi.py's, refined and coupled as configured (`coupling`). Each of its
+first D' = min(D, L) slots j also gets K - 1 siblings of x_j, drawn without replacement from the slot's draft
+distribution q_j with x_j removed (successive inverse-CDF draws, trees.successive_draws, one uniform each; greedy:
+the next K - 1 ranks of q_j). q_j is what SJD draws x_j from: the target's previous-iteration distribution at that
+position (uniform for a fresh position). The tree is the full K-ary tree of depth D' below y, whose nodes at depth
+d all hold the same K candidates of slot d - 1 (a position's stale distribution does not depend on the candidate
+before it), with the window's tokens as its first-ranked path; the chain x_{D'+1}..x_L hangs below that path only.
+Verify: one forward over [y, x_1..x_L, the other tree nodes] at RoPE positions Q + depth, cache slots Q, Q + 1, ..,
+and the tree mask (trees._block). Accept: tree_rounds.walk (sampling; multi-candidate speculative sampling, a
+rejected candidate's mass leaving p and q before the next sibling is tried, every rule of the registry) or
+tree_rounds.tree_greedy_paths (greedy), then the correction or bonus token; the accepted nodes' cache entries move
+into slots Q + 1 .. Q + a (GPT.keep_rows).
+Re-draft: the next iteration refines from the stale distributions along the accepted path's continuation: below
+the accepted node, its first-ranked children (the rejected candidate's row, as SJD uses the rejected token's), then
+the window's chain. The maximal coupling keeps coupling each slot to its window token, the first-ranked candidate
+of its slot, with the q it was drawn from.
+
+Exactness (under `exact`, every coupling). Fix a position k. Its candidates are drawn from q_k with uniforms no
+other position reads; the first is jacobi.py's draft, distributed as q_k given everything at positions < k
+(coupling.py's argument), the others continue the draw without replacement, so the K are q_k's ordered draws
+without replacement. Which parent the walk accepted, and the row q_k, depend on positions < k only (the
+continuation above is chosen by the accepted path). walk tries them in order with q_k residualised over the tried
+ones, which is multi-candidate speculative sampling (EAGLE / SpecInfer's rule): the committed token is a P_k draw.
+A tested position is committed, so untested candidates were never seen. tests/test_jacobi_tree.py checks the joint
+law by chi-square against exact enumeration, and that a broken variant (siblings drawn with replacement, i.e. q not
+residualised) fails it.
+
+Where the authors' code is not followed (scheduler/sjd_pac_iteration_lumina_mgpt.py in KangJialiang/SJD-PAC):
+their L counts y and the tree's nodes, so the chain shortens as the tree grows (L 64, tree_width 3, tree_depth 3
+counting y: 13 tree nodes, a main path of 53 window tokens plus 10 others); here `window` is the main path and
+the tree adds nodes: their setting is window 53, proactive 3, proactive_depth 2. Their siblings are drawn from the
+residual of the last test; here from q_k without the window's token, whose law the walk's residualised q matches.
+They pick the longest accepted row over all tree paths at once; here the walk accepts in tree order.
+Stats: accepted_per_step = accepted tree depth, tree_depth = the window L. Compile: the rounds run eagerly, the
+verify forward compiled at the static width window + tree nodes + 1 (speculative.decode). Layouts: refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lantern.engine.decoding.jacobi import Image, Jacobi, JacobiRounds
+from lantern.engine.decoding.rounds import batch_probs, forward_rows_of, in_rows, target_forward
+from lantern.engine.decoding.sampling import Uniforms, draw
+from lantern.engine.decoding.tree_rounds import tree_greedy_paths, walk
+from lantern.engine.decoding.trees import _block, successive_draws
+from lantern.engine.models.model import GPT
+from lantern.errors import UserError
+
+MAX_TREE = 1024  # tree nodes per forward: K + K^2 + .. + K^D beyond this is refused
+
+
+def tree_nodes(K: int, D: int) -> int:
+    """Nodes of the full K-ary tree of depth D below y."""
+    return sum(K ** d for d in range(1, D + 1))
+
+
+@dataclass(frozen=True)
+class ProactiveJacobi(Jacobi):
+    """Jacobi drafting with SJD-PAC's proactive tree: `proactive` K candidates at each of the first
+    `proactive_depth` D window positions (methods.py: proactive, proactive_depth)."""
+
+    proactive: int = 4
+    proactive_depth: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key, low in (("proactive", 2), ("proactive_depth", 1)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise UserError(f"{key}={v!r} must be an integer >= {low}")
+        if self.proactive_depth > self.window:
+            raise UserError(f"proactive_depth={self.proactive_depth} exceeds window={self.window}: the tree's levels "
+                            "are window positions; lower proactive_depth or raise window")
+        if tree_nodes(self.proactive, self.proactive_depth) > MAX_TREE:
+            raise UserError(f"proactive={self.proactive} with proactive_depth={self.proactive_depth} verifies "
+                            f"{tree_nodes(self.proactive, self.proactive_depth)} tree nodes per forward; keep "
+                            f"K + K^2 + .. + K^D <= {MAX_TREE}")
+
+    @property
+    def extras(self) -> int:
+        """Tree nodes beyond the window's first D tokens."""
+        return tree_nodes(self.proactive, self.proactive_depth) - self.proactive_depth
+
+    @property
+    def nodes(self) -> int:
+        return self.window + self.extras
+
+    @property
+    def target_extra(self) -> int:  # the tree's nodes past the window sit in spare cache slots
+        return self.extras
+
+    def check(self, target: GPT) -> None:
+        if self.proactive > target.args.vocab_size:
+            raise UserError(f"proactive={self.proactive} candidates per position exceed the vocabulary of "
+                            f"{target.args.vocab_size}")
+
+
+@dataclass
+class Shape:
+    """One image's tree at window length L, padded to M = window + extras nodes (node i at row / slot i + 1)."""
+
+    size: int  # 1 + real nodes
+    depth: Tensor  # [M], 0 for padding
+    parent: Tensor  # [M], -1: a child of y (and padding)
+    src: Tensor  # [M] the node's token in [window [W], siblings [D (K - 1)]] (its `ok` likewise)
+    real: Tensor  # [M] bool
+    block: Tensor  # [1 + M, 1 + M] the tree mask over [y, nodes]
+    kids: Tensor  # [1 + M, K] children in rank order, -1: none
+    q_row: Tensor  # [1 + M] the window slot the node's children were drawn from
+    cont: Tensor  # [1 + M, W + 1] per accepted end node: the row over [y, nodes] that predicts each depth e + 1
+
+
+@functools.lru_cache(maxsize=256)
+def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
+    """The proactive tree for a window of L tokens (module docstring), on the host, then sent to `device`."""
+    Dc, M = min(D, L), W + tree_nodes(K, D) - D
+    depth, parent, src = [j + 1 for j in range(L)], [j - 1 for j in range(L)], list(range(L))
+    node = {(0,) * d: d - 1 for d in range(1, Dc + 1)}  # a tree path's node: the window's first-ranked path
+    for d in range(1, Dc + 1):
+        for path in itertools.product(range(K), repeat=d):
+            if any(path):
+                r = path[-1]
+                node[path] = len(depth)
+                depth.append(d)
+                parent.append(node[path[:-1]] if d > 1 else -1)
+                src.append(d - 1 if r == 0 else W + (d - 1) * (K - 1) + r - 1)
+    m = len(depth)
+    children: list[list[int]] = [[] for _ in range(1 + M)]
+    for i, p in enumerate(parent):  # in node order: the window's child first, then ranks 1..
+        children[p + 1].append(i)
+    anc = torch.zeros(M, M, dtype=torch.bool)
+    for i, p in enumerate(parent):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+    cont = torch.zeros(1 + M, W + 1, dtype=torch.long)
+    for v in range(1 + m):  # v: a row over [y, nodes] at depth dv; the rows of depths < dv are never read
+        dv = 0 if v == 0 else depth[v - 1]
+        c = cont[v, dv] = v
+        for e in range(dv + 1, W + 1):  # c's first-ranked child, else the window's node at depth e (row e)
+            c = children[c][0] + 1 if children[c] else (e if e <= L else 0)
+            cont[v, e] = c
+    kids = torch.full((1 + M, K), -1, dtype=torch.long)
+    for i, c in enumerate(children):
+        kids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    pad = lambda x, value=0: F.pad(torch.tensor(x, dtype=torch.long), (0, M - m), value=value)  # noqa: E731
+    block = torch.zeros(1 + M, 1 + M, dtype=torch.bool)
+    block[: 1 + m, : 1 + m] = _block(anc[:m, :m])
+    q_row = F.pad(torch.tensor([0] + depth, dtype=torch.long).clamp(max=W - 1), (0, M - m))
+    host = [pad(depth), pad(parent, -1), pad(src), pad([1] * m), block, kids, q_row, cont]
+    flat = torch.cat([h.long().flatten() for h in host]).to(device)  # one copy
+    dev = [f.view(h.shape) for f, h in zip(flat.split([h.numel() for h in host]), host)]
+    return Shape(1 + m, dev[0], dev[1], dev[2], dev[3] != 0, dev[4] != 0, dev[5], dev[6], dev[7])
+
+
+def siblings(q: Tensor, x: Tensor, K: int, u: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The K - 1 candidates after x [n] at slots with draft distributions q [n, V]: q's ordered draws without
+    replacement, x removed first (u [n, K - 1] uniforms), or under greedy (u None) q's top ranks after x. Returns
+    (tokens [n, K - 1], whether q had mass left for each [n, K - 1]: the others are never offered)."""
+    left = q.double().scatter(-1, x[:, None], 0.0)
+    if u is None:
+        return left.topk(K - 1, dim=-1).indices, torch.ones(len(x), K - 1, dtype=torch.bool, device=q.device)
+    return successive_draws(left, u)
+
+
+class JacobiTreeRounds(JacobiRounds):
+    """Proactive Jacobi iterations for a batch (module docstring); jacobi.JacobiRounds drafts the window. An image
+    draws, after its window's L uniforms: D (K - 1) for the siblings, then the walk's tries and the correction
+    (sampling; the generator then advances by what it used), so its tokens never depend on the batch. Host syncs per
+    iteration: JacobiRounds' plan and window uniforms, the siblings' and walk's uniforms (sampling), the one read;
+    the cache moves are built on the device (four per iteration sampling, three greedy; SJD's: three)."""
+
+    def __init__(self, target: GPT, jacobi: ProactiveJacobi, params, rule, table, B: int):
+        super().__init__(target, jacobi, params, rule, table, B)
+        self.K, self.D = jacobi.proactive, jacobi.proactive_depth
+
+    def draft(self, images: list[Image]) -> None:
+        """The window (jacobi.JacobiRounds.draft), then each slot's siblings below the first D."""
+        super().draft(images)
+        K, D, W, n = self.K, self.D, self.jacobi.window, len(images)
+        q, x, u = self.qs[self.index, :D].flatten(0, 1), self.window[self.index, :D].flatten(), None
+        if not self.params.greedy:  # the window's acceptance block, drawn by JacobiRounds, is redrawn here
+            for im, state in zip(images, self.states):
+                im.generator.set_state(state)
+            self.ahead = Uniforms([im.generator for im in images], D * (K - 1) + D * K + W - D + 1, self.device)
+            u = self.ahead.u[:, : D * (K - 1)].reshape(n * D, K - 1)
+        sib, ok = siblings(q, x, K, u)
+        self.tokens = torch.cat([self.window[self.index], sib.view(n, -1)], 1)  # what Shape.src indexes
+        self.ok = torch.cat([torch.ones(n, W, dtype=torch.bool, device=q.device), ok.view(n, -1)], 1)
+        self.shapes = [build_shape(K, D, W, im.L, self.device) for im in images]
+
+    def stacked(self, name: str, rows: int) -> Tensor:
+        return torch.stack([getattr(s, name)[:rows] for s in self.shapes])
+
+    def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
+        """One forward over every active image's [y, nodes] with its tree mask, padded to the largest tree."""
+        R, S, n = self.R, max(s.size for s in self.shapes), len(images)
+        M, L_cache = S - 1, self.target.cache_len
+        self.X = self.tokens.gather(1, self.stacked("src", M))
+        real = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=self.device), self.stacked("real", M)], 1)
+        depth = F.pad(self.stacked("depth", M), (1, 0))
+        x = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
+        Q = self.target.args.cls_token_num + self.done - 1
+        pos = torch.where(real, Q[:, None] + depth, 0)
+        slots = torch.where(real, Q[:, None] + torch.arange(S, device=self.device), L_cache - 1)
+        rel = torch.arange(L_cache, device=self.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
+        block = torch.stack([s.block[:S, :S] for s in self.shapes])
+        tree = block.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(n, S, L_cache))
+        tree = tree & ((rel >= 0) & (rel < S))[:, None]
+        visible = ((rel < 0)[:, None, :] & real[..., None]) | tree
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(self.target, forward_rows_of(self.index, self.B, R), in_rows(x, R), in_rows(pos, R),
+                              in_rows(slots, R), in_rows(visible, R), width)
+
+    def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
+        """The tree's acceptance for every active image on the device, the commit, one read, the cache moves."""
+        K, D, W, N, V = self.K, self.D, self.jacobi.window, self.N, self.V
+        n, S = len(images), logits.shape[1]
+        M, deepest = S - 1, max(im.L for im in images)
+        depth = self.stacked("depth", M)
+        P = batch_probs(logits, self.params, self.done[:, None] + F.pad(depth, (1, 0)))
+        if self.params.greedy:
+            anc = torch.stack([s.block[1:S, 1:S] for s in self.shapes])
+            path, p = tree_greedy_paths(P, self.X, self.stacked("parent", M), depth, anc, self.table, self.rule)
+            path, used, token = path[:, :deepest], torch.zeros(n, dtype=torch.long, device=self.device), p.argmax(-1)
+        else:
+            ok = self.ok.gather(1, self.stacked("src", M)) & self.stacked("real", M)
+            u = self.ahead.u[:, D * (K - 1) :]
+            fanout = [K] * D + [1] * (W - D) + [0]
+            path, p, used = walk(P, self.qs[self.index], self.X, ok, self.stacked("kids", S), self.stacked("q_row", S),
+                                 u, self.table, self.rule, deepest, fanout)
+            token = draw(p, u.gather(1, used[:, None])[:, 0])
+        a = (path >= 0).sum(-1)
+        cols = self.done[:, None] + torch.arange(deepest, device=self.device)
+        self.buf[self.index[:, None], cols] = self.X.gather(1, path.clamp(min=0))
+        self.buf[self.index, self.done + a] = token  # past the image's end when the window completed it: unread
+        end = torch.where(a > 0, path.gather(1, (a - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
+        rows = self.stacked("cont", S)[torch.arange(n, device=self.device), end]  # [n, W + 1]
+        self.P[self.index] = P.gather(1, rows[..., None].expand(n, W + 1, V))
+        # the accepted nodes' cache entries into slots Q + 1 .., on the device; past its path an image copies the
+        # scratch slot onto itself (Q + 1 + j may lie past the cache when another image's window is longer)
+        j, scratch = torch.arange(deepest, device=self.device), self.target.cache_len - 1
+        Q = self.target.args.cls_token_num + self.done - 1
+        src = torch.where(path >= 0, Q[:, None] + 1 + path, scratch)
+        dst = torch.where(path >= 0, Q[:, None] + 1 + j, scratch)
+        rows = forward_rows_of(self.index, self.B, self.R)
+        rows = (torch.arange(self.R * n, device=self.device) if rows is None else rows)[:, None].expand(-1, deepest)
+        read = torch.stack([a, used, (src != dst).any(-1).long()], 1).tolist()  # the iteration's one read
+        counts = []
+        for im, (a_i, used_i, _) in zip(images, read):
+            im.stats.accepted_per_step.append(a_i)
+            im.stats.tree_depth.append(im.L)
+            done = im.n + a_i == N
+            counts.append(D * (K - 1) + used_i + (not done))
+            im.prev, im.a = im.n, a_i
+            im.n = N if done else im.n + a_i + 1
+        if not self.params.greedy:
+            self.ahead.used(counts)
+        if any(r[2] for r in read):
+            self.target.keep_rows(rows.flatten(), src.repeat(self.R, 1).flatten(), dst.repeat(self.R, 1).flatten())
