@@ -306,8 +306,8 @@ def test_layouts_refuse_what_is_not_built_yet(toy_pair):
     from tiny import gens
 
     target, drafter = toy_pair
-    for kind, compile in ((static_tree("chain", 2), False), (Chain(2), True)):
-        with pytest.raises(UserError, match="chain drafting, eager"):
+    for kind, compile in ((static_tree("chain", 2), True), (Chain(2), True)):
+        with pytest.raises(UserError, match="compiled rounds do not run under a layout"):
             decode(target, drafter, torch.arange(1), SamplingParams(), AcceptRule(), kind, gens(1), layout=TOY,
                    compile=compile)
 

@@ -22,18 +22,32 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
+def layout_refusal(drafting, drafter, compile: bool, layout: Layout) -> str | None:
+    """Why rounds cannot decode under a layout with forced tokens (docs/chameleon-layout.md), or None: eager chain
+    and tree rounds can; Jacobi windows, skipped verifies (VVS) and compiled rounds cannot yet."""
+    if isinstance(drafting, Jacobi) or drafter is None:
+        return "Jacobi windows do not run under a layout yet; use chain or tree drafting"
+    if skips(drafting):
+        return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
+    if compile:
+        return "compiled rounds do not run under a layout yet; decode with compile off"
+    if isinstance(drafting, (StaticTree, DynamicTree)) and drafting.max_rank >= layout.codebook:
+        return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {layout.codebook} image codes"
+    return None
+
+
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
-    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
-    chain rounds only so far."""
+    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the rounds
+    `layout_refusal` allows."""
     if layout is not None:
-        if not isinstance(drafting, Chain) or compile or drafter is None or skips(drafting):
-            raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, "
-                            "without skipped verifies, so far; trees, Jacobi windows and compiled rounds are "
-                            "designed in docs/chameleon-layout.md")
-        rounds = ChainRounds(target, drafter, drafting, params, rule, table, B)
+        refused = layout_refusal(drafting, drafter, compile, layout)
+        if refused:
+            raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
+        rounds = (ChainRounds if isinstance(drafting, Chain) else TreeRounds)(target, drafter, drafting, params,
+                                                                              rule, table, B)
         rounds.use_layout(layout)
         return rounds
     if isinstance(drafting, Jacobi):
