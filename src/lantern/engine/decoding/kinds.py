@@ -22,15 +22,17 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
-def layout_refusal(drafting, drafter, compile: bool, layout: Layout) -> str | None:
-    """Why rounds cannot decode under a layout with forced tokens (docs/chameleon-layout.md), or None: eager chain
-    and tree rounds can; Jacobi windows, skipped verifies (VVS) and compiled rounds cannot yet."""
+def layout_refusal(drafting, drafter, compile: bool, layout: Layout, rule: AcceptRule) -> str | None:
+    """Why rounds cannot decode under a layout with forced tokens (docs/chameleon-layout.md), or None: chain and tree
+    rounds can, eager or compiled; Jacobi windows and skipped verifies (VVS) cannot yet."""
     if isinstance(drafting, Jacobi) or drafter is None:
         return "Jacobi windows do not run under a layout yet; use chain or tree drafting"
     if skips(drafting):
         return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
-    if compile:
-        return "compiled rounds do not run under a layout yet; decode with compile off"
+    if compile and not graph_capturable(rule):
+        return f"{rule.describe()} has no compiled round; decode with compile off"
+    if compile and not isinstance(drafting, Chain):
+        return "compiled tree rounds do not run under a layout yet; decode with compile off"
     if isinstance(drafting, (StaticTree, DynamicTree)) and drafting.max_rank >= layout.codebook:
         return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {layout.codebook} image codes"
     return None
@@ -43,11 +45,12 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the rounds
     `layout_refusal` allows."""
     if layout is not None:
-        refused = layout_refusal(drafting, drafter, compile, layout)
+        refused = layout_refusal(drafting, drafter, compile, layout, rule)
         if refused:
             raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
-        rounds = (ChainRounds if isinstance(drafting, Chain) else TreeRounds)(target, drafter, drafting, params,
-                                                                              rule, table, B)
+        chain = isinstance(drafting, Chain)
+        kind = (GraphChainRounds if chain else GraphTreeRounds) if compile else ChainRounds if chain else TreeRounds
+        rounds = kind(target, drafter, drafting, params, rule, table, B)
         rounds.use_layout(layout)
         return rounds
     if isinstance(drafting, Jacobi):
