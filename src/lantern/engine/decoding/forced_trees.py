@@ -57,58 +57,114 @@ def tree_depth(drafting) -> int:
     return drafting.depth if isinstance(drafting, StaticTree) else drafting.depth + 1
 
 
-def layout_extras(drafting) -> tuple[int, int]:
-    """(target, drafter) spare cache slots of a tree's rounds under a layout: the nodes and every eol node a round
+def eol_width(drafting) -> int:
+    """The most eol nodes one row end of a round adds: the widest depth's nodes."""
+    return max(depth_widths(drafting))
+
+
+def layout_extras(drafting, layout: Layout) -> tuple[int, int]:
+    """(target, drafter) spare cache slots of a tree's rounds under a layout: the nodes and the eol nodes a round
     may verify; the drafter's tree slots, mirrored for the eol passes, and y's eol."""
-    return drafting.target_extra + 1 + sum(depth_widths(drafting)), 2 * drafting.drafter_extra + 1
+    eols = end_groups(layout, tree_depth(drafting)) * eol_width(drafting)
+    return drafting.target_extra + eols, 2 * drafting.drafter_extra + 1
+
+
+def ends_before(layout: Layout, c0: Tensor, k: Tensor, N: int) -> Tensor:
+    """The eol tokens a round reads between y = code c0 and its code at depth k (broadcast shapes): row ends at
+    depths D < k whose code is not the grid's last. A node at depth k sits k + this after y."""
+    if layout.eol is None:
+        return torch.zeros_like(k)
+    first = layout.cols - 1 - c0 % layout.cols  # the first depth whose code ends a row
+    lim = torch.minimum(k, N - 1 - c0)
+    return torch.where(lim > first, (lim - 1 - first).div(layout.cols, rounding_mode="floor") + 1, 0)
+
+
+def ends_at(layout: Layout, c0: Tensor, k, N: int) -> Tensor:
+    """Whether the code at depth k of a round from y = code c0 ends a row with an eol the round reads."""
+    if layout.eol is None:
+        return torch.zeros_like(c0, dtype=torch.bool)
+    return ((c0 + k) % layout.cols == layout.cols - 1) & (c0 + k < N - 1)
+
+
+def end_groups(layout: Layout, depth: int) -> int:
+    """The most row ends a round of a tree `depth` deep meets (y's included): one every cols depths."""
+    return 0 if layout.eol is None else -(-(depth + 1) // layout.cols)
+
+
+def eol_visible(anc: Tensor, marked: Tensor, y_eol: Tensor, m: int) -> Tensor:
+    """A drafter pass's visibility over the 2 m + 1 tree slots (anc [B, S, m'] over the nodes' slots; marked [B, m]
+    the slots an eol pass followed, not yet the pass's own; y_eol [B] whether y's eol was fed): its nodes' slots, the
+    eols of its ancestors (slot m + the ancestor's) and y's eol (slot 2 m)."""
+    anc = F.pad(anc, (0, m - anc.shape[-1]))
+    return torch.cat([anc, anc & marked[:, None, :], y_eol[:, None, None].expand(-1, anc.shape[1], 1)], 2)
 
 
 def drafter_pass(plan: TreePlan, pos: int, anc: Tensor, slots: Tensor, m: int) -> tuple[int, Tensor, bool]:
-    """A growth pass (trees.TreePass: nodes at depth pos + 1, seeing tree slots anc [S, m'] from Q on) under the
-    plan: (its drafter position offset from Q, its visibility over the 2 m + 1 tree slots: the nodes', the eol
-    passes' of its ancestors, y's eol, whether an eol pass follows it). An eol pass writes slot m + (its node's slot)
-    at one position more, sees what its node sees, and marks the slot for deeper passes."""
+    """A growth pass of an eager round (trees.TreePass: nodes at depth pos + 1, seeing tree slots anc [S, m'] from
+    Q on) under the image's plan: (its drafter position offset from Q, its visibility over the 2 m + 1 tree slots,
+    whether an eol pass follows it). An eol pass writes slot m + (its node's slot) at one position more, sees what
+    its node sees, and marks the slot for deeper passes."""
     k = pos + 1
-    anc = F.pad(anc, (0, m - anc.shape[1]))
-    y_eol = torch.full((anc.shape[0], 1), 0 in plan.ends, dtype=torch.bool, device=anc.device)
-    visible = torch.cat([anc, anc & plan.marked, y_eol], 1)  # a pass's own nodes are not marked yet
+    y_eol = torch.full((1,), 0 in plan.ends, dtype=torch.bool, device=anc.device)
+    visible = eol_visible(anc[None], plan.marked[None], y_eol, m)[0]
     eol = k in plan.ends
     if eol:
         plan.marked[slots] = True
     return pos + plan.eols_before(k), visible, eol
 
 
-def spliced_tree(layout: Layout, draft: Draft, plan: TreePlan, widths: list[int], y: Tensor):
-    """The verify tree of one image: [y, nodes, eol nodes] with their ids, position offsets from Q, tree mask,
-    which rows are real (a dynamic tree's eol rows are its depths' bounds, real where a node of that depth is), and
-    code_row [1 + n]: the row that predicts each of [y, nodes]' children (its eol's where it has one)."""
-    device, n = draft.tokens.device, draft.tokens.shape[0]
-    parents, real = [], []
-    for D in plan.ends:
-        if D == 0:
-            parents.append(torch.full((1,), -1, device=device))
-            real.append(torch.ones(1, dtype=torch.bool, device=device))
-            continue
-        at = (draft.depth < D).sum() + torch.arange(widths[D - 1], device=device)  # nodes of a depth are contiguous
-        parents.append(at.clamp(max=n - 1))
-        real.append((at < n) & (draft.depth[at.clamp(max=n - 1)] == D))
-    E = sum(len(p) for p in parents)
-    parents = torch.cat(parents) if E else torch.zeros(0, dtype=torch.long, device=device)
-    real = torch.cat(real) if E else torch.zeros(0, dtype=torch.bool, device=device)
-    row = parents + 1  # [E] the eol's parent among [y, nodes]
-    block = draft.block
-    cols = block[:, row] & (torch.arange(1 + n, device=device)[:, None] != row[None, :]) & real[None, :]
-    top = torch.cat([block, cols], 1)
-    mask = torch.cat([top, top[row] | F.pad(torch.eye(E, dtype=torch.bool, device=device), (1 + n, 0))], 0)
-    before = torch.tensor([plan.eols_before(k) for k in range(int(max(plan.ends, default=0)) + 2)], device=device)
-    depth = F.pad(draft.depth, (1, 0))
-    node_off = depth + before[depth.clamp(max=len(before) - 1)]
-    off = torch.cat([node_off, node_off[row] + 1])  # an eol right after its node (a padding row: anywhere)
-    ids = torch.cat([y.reshape(1) + layout.code_offset, draft.tokens + layout.code_offset,
-                     torch.full((E,), layout.eol if E else 0, device=device)])
-    code_row = torch.arange(2 + n, device=device).scatter(0, torch.where(real, row, 1 + n),
-                                                          1 + n + torch.arange(E, device=device))[: 1 + n]
-    return ids, off, mask, torch.cat([torch.ones(1 + n, dtype=torch.bool, device=device), real]), code_row
+def eol_parents(layout: Layout, depth: Tensor, c0: Tensor, N: int, groups: int, width: int) -> tuple[Tensor, Tensor]:
+    """The eol nodes of B trees at fixed shapes: (parents [B, E], -1 for y; real [B, E]), E = groups x width: group
+    g holds the eols after the nodes at the g-th row-end depth D (contiguous in node order: nodes of a depth are),
+    y's alone when D = 0. depth [B, m]: the nodes' depths, 0 where not drafted."""
+    B, m, device = depth.shape[0], depth.shape[1], depth.device
+    D = layout.cols - 1 - c0 % layout.cols
+    D = D[:, None] + layout.cols * torch.arange(groups, device=device)  # [B, G]
+    valid = (c0[:, None] + D < N - 1) & (D <= depth.amax(1, keepdim=True))
+    start = ((depth > 0)[:, None, :] & (depth[:, None, :] < D[..., None])).sum(-1)  # nodes shallower than D
+    at = start[..., None] + torch.arange(width, device=device)  # [B, G, W]
+    node = at.clamp(max=m - 1)
+    real = (at < m) & (depth.gather(1, node.flatten(1)).view_as(at) == D[..., None])
+    on_y = D[..., None] == 0
+    real = torch.where(on_y, torch.arange(width, device=device) == 0, real) & valid[..., None]
+    return torch.where(on_y, -1, node).flatten(1), real.flatten(1)
+
+
+def splice(layout: Layout, X: Tensor, depth: Tensor, anc: Tensor, parents: Tensor, real: Tensor, y: Tensor,
+           c0: Tensor, N: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The verify trees of B images, [y, nodes, eol nodes] (X, depth [B, m]; anc [B, m, m] each node's ancestors and
+    itself; the eol nodes' parents and real [B, E]): (ids, position offsets from Q [B, 1 + m + E], tree mask
+    [B, 1 + m + E, 1 + m + E], code_row [B, 1 + m]: the row that predicts the children of each of [y, nodes], its
+    eol's where it has one). A node sees the eols of its ancestors; an eol sees what its node sees, and itself."""
+    B, m, E, device = X.shape[0], X.shape[1], parents.shape[1], X.device
+    block = torch.cat([torch.ones(B, 1 + m, 1, dtype=torch.bool, device=device),
+                       torch.cat([torch.zeros(B, 1, m, dtype=torch.bool, device=device), anc], 1)], 2)
+    row = parents + 1  # [B, E] the eol's node among [y, nodes]
+    cols = block.gather(2, row[:, None, :].expand(B, 1 + m, E)) & real[:, None, :] & \
+        (torch.arange(1 + m, device=device)[None, :, None] != row[:, None, :])
+    top = torch.cat([block, cols], 2)
+    own = torch.cat([torch.zeros(E, 1 + m, dtype=torch.bool, device=device),
+                     torch.eye(E, dtype=torch.bool, device=device)], 1)
+    mask = torch.cat([top, top.gather(1, row[..., None].expand(B, E, 1 + m + E)) | own], 1)
+    d = F.pad(depth, (1, 0))
+    node_off = d + ends_before(layout, c0[:, None], d, N)
+    off = torch.cat([node_off, node_off.gather(1, row) + 1], 1)
+    ids = torch.cat([y[:, None] + layout.code_offset, X + layout.code_offset,
+                     torch.full((B, E), 0 if layout.eol is None else layout.eol, device=device)], 1)
+    code_row = torch.arange(2 + m, device=device).expand(B, 2 + m).scatter(
+        1, torch.where(real, row, 1 + m), (1 + m + torch.arange(E, device=device)).expand(B, E))[:, : 1 + m]
+    return ids, off, mask, code_row
+
+
+def spliced_tree(layout: Layout, draft: Draft, plan: TreePlan, widths: list[int], y: Tensor, c0: Tensor, N: int):
+    """One image's verify tree in an eager round (`splice` for B = 1, eol groups as its plan's row ends, each as wide
+    as its depth can be): (ids, position offsets, tree mask, real rows, code_row)."""
+    width = max([1 if D == 0 else widths[D - 1] for D in plan.ends], default=0)
+    parents, real = eol_parents(layout, draft.depth[None], c0, N, len(plan.ends), width)
+    ids, off, mask, code_row = splice(layout, draft.tokens[None], draft.depth[None], draft.block[None, 1:, 1:],
+                                      parents, real, y, c0, N)
+    rows = torch.cat([torch.ones(1 + draft.tokens.shape[0], dtype=torch.bool, device=y.device), real[0]])
+    return ids[0], off[0], mask[0], rows, code_row[0]
 
 
 def spliced_path(nodes: list[int], preds: list[int]) -> list[int]:

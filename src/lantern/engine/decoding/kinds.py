@@ -31,8 +31,6 @@ def layout_refusal(drafting, drafter, compile: bool, layout: Layout, rule: Accep
         return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
     if compile and not graph_capturable(rule):
         return f"{rule.describe()} has no compiled round; decode with compile off"
-    if compile and not isinstance(drafting, Chain):
-        return "compiled tree rounds do not run under a layout yet; decode with compile off"
     if isinstance(drafting, (StaticTree, DynamicTree)) and drafting.max_rank >= layout.codebook:
         return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {layout.codebook} image codes"
     return None

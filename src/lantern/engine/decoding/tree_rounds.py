@@ -52,7 +52,7 @@ class TreeRounds(DrafterRounds):
     def cache_extras(self) -> tuple[int, int]:
         if self.layout is None:
             return self.drafting.target_extra, self.drafting.drafter_extra
-        return layout_extras(self.drafting)
+        return layout_extras(self.drafting, self.layout)
 
     def forward_nodes(self, images: list[Image], tokens: list[Tensor], hidden: list[Tensor], pos: list[Tensor],
                       slots: list[Tensor], visible: list[Tensor], rows: Tensor | None) -> Tensor:
@@ -187,15 +187,15 @@ class TreeRounds(DrafterRounds):
         R, L = images[0].pend_emb.shape[0], target.cache_len
         zero = torch.zeros(1, dtype=torch.long, device=device)
         drafts: list[Draft] = [im.draft for im in images]
-        (last,) = to_device(device, [im.tokens[-1] for im in images])
+        last, c0 = to_device(device, [im.tokens[-1] for im in images], [im.n - 1 for im in images])
         if self.layout is None:
             seqs = [torch.cat([last[i : i + 1], d.tokens]) for i, d in enumerate(drafts)]
             offsets, blocks = [torch.cat([zero, d.depth]) for d in drafts], [d.block for d in drafts]
             real = [torch.ones(len(s), dtype=torch.bool, device=device) for s in seqs]
         else:  # [y, nodes, eol nodes] (forced_trees.spliced_tree); commit reads self.spliced
             widths = depth_widths(self.drafting)
-            self.spliced = [spliced_tree(self.layout, d, self.plans[im.index], widths, last[i])
-                            for i, (im, d) in enumerate(zip(images, drafts))]
+            self.spliced = [spliced_tree(self.layout, d, self.plans[im.index], widths, last[i : i + 1],
+                                         c0[i : i + 1], self.N) for i, (im, d) in enumerate(zip(images, drafts))]
             seqs, offsets, blocks, real = ([t[j] for t in self.spliced] for j in range(4))
         S = max(len(s) for s in seqs)
         tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
