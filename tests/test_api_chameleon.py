@@ -94,19 +94,20 @@ def test_bad_prompts_are_one_line(world_files):
         lantern.generate(world, [" ".join(["cat"] * 40)])
 
 
-def test_lumina_runs_eager_under_compile_auto_and_trees_refuse_its_layout(world_files, monkeypatch):
-    """compile auto would compile on CUDA, where rounds with forced tokens are not built: a layout world's rounds
-    run eager; trees and Jacobi windows refuse the layout in one line."""
+def test_lumina_runs_eager_under_compile_auto_and_jacobi_refuses_its_layout(world_files, monkeypatch):
+    """compile auto would compile on CUDA, where rounds with forced tokens are checked on CPU only so far: a layout
+    world's rounds run eager; chains and trees give greedy AR's tokens; Jacobi windows refuse the layout in one
+    line."""
     from lantern.engine.decoding import compiled
 
     world = load(world_files, "lumina-mgpt", drafter=True)
     monkeypatch.setattr(compiled, "resolve", lambda option, device: option in ("auto", None, True))  # as on CUDA
     ar = lantern.generate(world, PROMPTS[:1], "vanilla", mode="greedy", compile=False)
     chain = lantern.generate(world, PROMPTS[:1], "exact", mode="greedy", compile="auto")
-    assert torch.equal(chain.tokens, ar.tokens)
-    with pytest.raises(UserError):  # what auto would meet, compiled
-        lantern.generate(world, PROMPTS[:1], "exact", compile=True)
-    for kind in ({"drafting": "static", "tree": "mc_sim_7b_63"}, {"drafting": "jacobi"}):
+    tree = lantern.generate(world, PROMPTS[:1], "exact", mode="greedy", compile="auto", drafting="static",
+                            tree="mc_sim_7b_63")
+    assert torch.equal(chain.tokens, ar.tokens) and torch.equal(tree.tokens, ar.tokens)
+    for kind in ({"drafting": "jacobi"},):
         with pytest.raises(UserError) as e:
             lantern.generate(world, PROMPTS[:1], "exact", compile=False, **kind)
         assert "\n" not in str(e.value) and "layout" in str(e.value), kind

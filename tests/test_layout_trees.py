@@ -15,7 +15,7 @@ from lantern.engine.models.drafter import Drafter
 from lantern.engine.models.layout import Layout, code_steps, codes_to_ids, image_logits
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
-from tiny import assert_same_decodes, chi_square_pvalue, gens, tiny_target
+from tiny import assert_same_decodes, chi_square_pvalue, gens, one_thread, tiny_target  # noqa: F401 (fixture)
 
 TOY = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
 TABLE = torch.stack([torch.roll(torch.arange(15), -i)[1:] for i in range(15)])  # codes 0 .. 14
@@ -154,6 +154,43 @@ def test_exact_trees_with_a_layout_reproduce_the_authors_distribution(tree):
             rejected += sum(a < d for a, d in zip(s.accepted_per_step, s.tree_depth))
     assert rejected > n / 6
     assert chi_square_pvalue(joint, counts, n) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["chain", "mc_sim_7b_63", "twin_chain_8", "dynamic"])
+@pytest.mark.parametrize("greedy, rule", [(True, "exact"), (False, "exact"), (False, "lanternpp-lumina")])
+def test_graph_rounds_with_a_layout_equal_eager_rounds(toy_pair, monkeypatch, kind, greedy, rule):
+    """compile=True's one-call rounds (chain_graph.chain_round, tree_graph.tree_round) at their static widths under
+    the layout, run without inductor (float64, exact): every image's codes, rounds and stats as the eager rounds'."""
+    from lantern.engine.decoding import compiled
+
+    asked = []
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
+    target, drafter = toy_pair
+    params = SamplingParams(cfg_scale=2.0, greedy=greedy, top_k=10)
+    drafting = Chain(6) if kind == "chain" else TREES[kind]()
+    cond = torch.arange(5) % 4
+    want, want_stats = decode(target, drafter, cond, params, RULES[rule], drafting, gens(5, 2), TABLE, layout=TOY)
+    got, stats = decode(target, drafter, cond, params, RULES[rule], drafting, gens(5, 2), TABLE, layout=TOY,
+                        compile=True)
+    assert set(asked) == {"chain_round" if kind == "chain" else "tree_round"}
+    assert_same_decodes(got, stats, want, want_stats, 12)
+
+
+@pytest.mark.slow
+def test_compiled_rounds_with_a_layout_give_eager_codes(one_thread):
+    """Inductor's compiled chain and static-tree rounds under the layout (float32, one graph each, about two minutes
+    on 2 cores) give the eager rounds' codes and rounds."""
+    torch.manual_seed(3)
+    target = tiny_target(scale=3.0)
+    drafter = Drafter.from_target(target).eval()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
+    params, cond = SamplingParams(cfg_scale=2.0, top_k=8), torch.tensor([0, 3, 1])
+    for drafting in (Chain(4), static_tree("mc_sim_7b_63")):
+        want, want_stats = decode(target, drafter, cond, params, RULES["lantern"], drafting, gens(3), TABLE,
+                                  layout=TOY)
+        got, stats = decode(target, drafter, cond, params, RULES["lantern"], drafting, gens(3), TABLE, layout=TOY,
+                            compile=True)
+        assert_same_decodes(got, stats, want, want_stats, 12)
 
 
 def test_layouts_refuse_what_does_not_run(toy_pair):

@@ -447,7 +447,7 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
     temperature, top_k, top_p (defaults: the default run's, CFG 2; a Chameleon world's: its authors', CFG 3, top-k
     2000). compile: torch.compile the verify / decode step (auto: on CUDA, except for a world whose layout forces
-    tokens, whose rounds run eager). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
+    tokens, whose rounds run eager unless compile=True). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
     stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
@@ -472,7 +472,7 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     sampling_params = _sampling({**world.sampling, **(sampling or {})}, mode)
     cond, mask, described = _conditions(world, conditions)
     if world.layout is not None and compile in ("auto", None) and speculative(spec):
-        compile = False  # compiled rounds with forced tokens are not built (plain AR compiles them)
+        compile = False  # compiled rounds with forced tokens are checked on CPU only so far (plain AR compiles them)
     compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
     run = _decoder(world, spec, sampling_params, compiled)
     n = len(cond)
