@@ -447,8 +447,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
     temperature, top_k, top_p (defaults: the default run's, CFG 2; a Chameleon world's: its authors', CFG 3, top-k
     2000). compile: torch.compile the verify / decode step (auto: on CUDA, except for a world whose layout forces
-    tokens, whose rounds run eager unless compile=True). warmup: first decode one image untimed (compiled: the first batch), so one-time costs
-    stay out of the times.
+    tokens, whose rounds run eager unless compile=True). warmup: first decode one image untimed (compiled: the first
+    batch), so one-time costs stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
     from lantern.engine.decoding.compiled import resolve

@@ -113,11 +113,10 @@ class TreeRounds(DrafterRounds):
             (index,) = to_device(device, [im.n + a.pos + 1 for im, a in zip(images, asks)])
         else:  # every ask at the same depth
             index = done + asks[0].pos + 1
-        out = self.forward_nodes(images, [a.tokens if layout is None else a.tokens + layout.code_offset for a in asks],
-                                 [a.hidden for a in asks],
-                                 [torch.full((s,), im.Q + o, device=device) for im, o, s in zip(images, offsets, sizes)],
-                                 [im.Q + s for im, s in zip(images, slots)], visible,
-                                 rows if done is not None else None)
+        ids = [a.tokens if layout is None else a.tokens + layout.code_offset for a in asks]
+        pos = [torch.full((s,), im.Q + o, device=device) for im, o, s in zip(images, offsets, sizes)]
+        out = self.forward_nodes(images, ids, [a.hidden for a in asks], pos, [im.Q + s for im, s in zip(images, slots)],
+                                 visible, rows if done is not None else None)
         if at:
             out = self.eol_passes(images, out, at, offsets, slots, visible)
         head = drafter.head(out)
