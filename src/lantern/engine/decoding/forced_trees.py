@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lantern.engine.decoding.trees import Draft, DynamicTree, StaticTree
+from lantern.engine.decoding.trees import Draft, StaticTree
 from lantern.engine.models.layout import Layout
 
 
@@ -47,7 +47,6 @@ def depth_widths(drafting) -> list[int]:
     root's top_k, then top_k squared offered per expansion, never more than its nodes)."""
     if isinstance(drafting, StaticTree):
         return [sum(len(p) == d for p in drafting.paths) for d in range(1, drafting.depth + 1)]
-    assert isinstance(drafting, DynamicTree)
     m, k = drafting.total_tokens - 1, drafting.top_k
     return [min(m, k)] + [min(m, k * k)] * drafting.depth
 
