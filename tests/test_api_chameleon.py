@@ -94,6 +94,24 @@ def test_bad_prompts_are_one_line(world_files):
         lantern.generate(world, [" ".join(["cat"] * 40)])
 
 
+@pytest.mark.parametrize("kind", [{"drafting": "chain", "gamma": 5}, {"drafting": "static", "tree": "mc_sim_7b_63"},
+                                  {"drafting": "dynamic", "total_tokens": 12, "depth": 3, "top_k": 3}])
+def test_lumina_rounds_at_static_widths_equal_eager(world_files, monkeypatch, kind):
+    """compile=True's one-call rounds on the Lumina world (the Chameleon target, eol in its head's columns; inductor
+    left out, the static widths and kept buffers alone): each image's codes and stats as the eager rounds'."""
+    from lantern.engine.decoding import compiled
+
+    world = load(world_files, "lumina-mgpt", drafter=True)
+    asked = []
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
+    eager = lantern.generate(world, PROMPTS, "lantern", seed=1, batch_size=2, compile=False, delta=0.9, k=200, **kind)
+    graph = lantern.generate(world, PROMPTS, "lantern", seed=1, batch_size=2, compile=True, delta=0.9, k=200, **kind)
+    assert set(asked) == {"chain_round" if kind["drafting"] == "chain" else "tree_round"}
+    assert torch.equal(graph.tokens, eager.tokens) and not torch.equal(eager.tokens[0], eager.tokens[1])
+    assert [s["tau"] for s in graph.stats] == [s["tau"] for s in eager.stats]
+    assert max(s["tau"] for s in eager.stats) > 1  # some drafts accepted (the tiny drafter is random)
+
+
 def test_lumina_runs_eager_under_compile_auto_and_jacobi_refuses_its_layout(world_files, monkeypatch):
     """compile auto would compile on CUDA, where rounds with forced tokens are checked on CPU only so far: a layout
     world's rounds run eager; chains and trees give greedy AR's tokens; Jacobi windows refuse the layout in one
