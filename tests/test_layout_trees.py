@@ -176,6 +176,25 @@ def test_graph_rounds_with_a_layout_equal_eager_rounds(toy_pair, monkeypatch, ki
     assert_same_decodes(got, stats, want, want_stats, 12)
 
 
+def test_a_layout_of_codes_only_runs_every_kind(toy_pair, monkeypatch):
+    """A layout without forced tokens (Anole's kind; here codes at ids 1 .. 15): greedy chains and trees give greedy
+    AR's codes, and the one-call rounds at static widths (no inductor) the eager rounds' sampled codes."""
+    from lantern.engine.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    target, drafter = toy_pair
+    layout, cond = Layout("codes", 3, 4, code_offset=1, codebook=15, vocab=16), torch.arange(4) % 4
+    for greedy in (True, False):
+        params = SamplingParams(cfg_scale=2.0, greedy=greedy, top_k=10)
+        want, _ = generate(target, cond, params, gens(4, 2), layout=layout)
+        for kind in (Chain(4), TREES["mc_sim_7b_63"](), TREES["dynamic"]()):
+            got, stats = decode(target, drafter, cond, params, AcceptRule(), kind, gens(4, 2), layout=layout)
+            assert not greedy or torch.equal(got, want)
+            graph, graph_stats = decode(target, drafter, cond, params, AcceptRule(), kind, gens(4, 2),
+                                        layout=layout, compile=True)
+            assert_same_decodes(graph, graph_stats, got, stats, 12)
+
+
 @pytest.mark.slow
 def test_compiled_rounds_with_a_layout_give_eager_codes(one_thread):
     """Inductor's compiled chain and static-tree rounds under the layout (float32, one graph each, about two minutes

@@ -112,6 +112,8 @@ class Eols:
         """The root's state and children's distribution after y's eol where y ends a row (a padding pass
         elsewhere)."""
         B, device = n.shape[0], n.device
+        if self.layout.eol is None:  # a layout of codes only (Anole's): nothing to feed
+            return hidden, q
         none = torch.zeros(1, 2 * self.m + 1, dtype=torch.bool, device=device)
         out, q_eol = tree_pass(drafter, torch.full((B, 1), self.layout.eol, device=device), hidden, Q, 0,
                                torch.full((1,), 2 * self.m, device=device), none, self.y_eol[:, None], n, params,
@@ -132,6 +134,8 @@ class Eols:
         visible = eol_visible(anc.expand(B, *anc.shape[-2:]), self.marked, self.y_eol, self.m)
         out, q = tree_pass(drafter, tokens + layout.code_offset, hidden, Q, pos, slots, visible, real, index, params,
                            layout)
+        if layout.eol is None:
+            return out, q
         at = ends_at(layout, c0, k, self.N)
         eol, q_eol = tree_pass(drafter, torch.full_like(tokens, layout.eol), out, Q, pos + 1, self.m + slots, visible,
                                real & at[:, None], index, params, layout)
