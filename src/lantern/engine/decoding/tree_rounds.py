@@ -58,35 +58,34 @@ class TreeRounds(DrafterRounds):
                       slots: list[Tensor], visible: list[Tensor], rows: Tensor | None) -> Tensor:
         """One drafter forward over some nodes of each of `images` (ids tokens [S_i], parents' predicted states
         hidden [R, S_i, d], positions and slots [S_i], visibility [S_i, cache_len]; rows: their cache rows, None:
-        sent): the predicted states [R * n, S, d] in forward layout."""
+        all): the predicted states [R * n, S, d] in forward layout."""
         drafter, R, L = self.drafter, images[0].pend_emb.shape[0], self.drafter.cache_len
         sizes = [len(t) for t in tokens]
         S = max(sizes)
         emb = drafter.embed_tokens(torch.cat(tokens))
         emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
-        if rows is None:
-            rows = cache_rows(images, self.B, R, self.device)
         pos, slots, visible = per_row(pos, slots, visible, R, L)
         return drafter.forward_rows(emb, pack(hidden, S), pos, slots, visible, rows)
 
     def eol_passes(self, images: list[Image], out: Tensor, at: list[int], offsets: list[int],
-                   slots: list[Tensor], visible: list[Tensor]) -> Tensor:
+                   slots: list[Tensor], visible: list[Tensor], rows: Tensor | None) -> Tensor:
         """Under a layout, the drafter fed the eol after the nodes of images `at` (their states in `out` [R * n, S,
-        d]; offsets: their positions from Q, one less than the eol's; slots: their tree slots, the eol's m more;
-        visible: theirs): `out` with those images' rows replaced by the eol's predicted states."""
+        d]; offsets: positions from Q, one less than the eol's; slots: tree slots, the eol's m more; visible: the
+        nodes'): `out` with those images' rows replaced by the eol's predicted states. The forward runs over every
+        image's rows (the same cache rows, no copy to the device); the others' answers, written to their own unread
+        eol slots, are dropped."""
         layout, device, n, m = self.layout, self.device, len(images), self.drafting.drafter_extra
         R, S = images[0].pend_emb.shape[0], out.shape[1]
         out = out.view(R, n, S, -1)
-        sizes = [len(slots[i]) for i in at]
-        eol = self.forward_nodes([images[i] for i in at], [torch.full((s,), layout.eol, device=device) for s in sizes],
-                                 [out[:, i, :s] for i, s in zip(at, sizes)],
-                                 [torch.full((s,), images[i].Q + offsets[i] + 1, device=device)
-                                  for i, s in zip(at, sizes)],
-                                 [images[i].Q + m + slots[i] for i in at], [visible[i] for i in at], None)
-        eol = eol.view(R, len(at), eol.shape[1], -1)
+        sizes = [len(s) for s in slots]
+        pos = [torch.full((s,), im.Q + o + 1, device=device) for im, o, s in zip(images, offsets, sizes)]
+        eol = self.forward_nodes(images, [torch.full((s,), layout.eol, device=device) for s in sizes],
+                                 [out[:, i, :s] for i, s in enumerate(sizes)], pos,
+                                 [im.Q + m + s for im, s in zip(images, slots)], visible, rows)
+        eol = eol.view(R, n, eol.shape[1], -1)
         out = out.clone()
-        for j, (i, s) in enumerate(zip(at, sizes)):
-            out[:, i, :s] = eol[:, j, :s]
+        for i in at:
+            out[:, i, : sizes[i]] = eol[:, i, : sizes[i]]
             images[i].stats.drafter_forwards += 1
         return out.view(R * n, S, -1)
 
@@ -110,15 +109,16 @@ class TreeRounds(DrafterRounds):
         visible = [_visible(s, L, im.Q, v) for im, s, v in zip(images, sizes, anc)]
         slots = [a.slots for a in asks]
         if done is None:
+            rows = cache_rows(images, self.B, images[0].pend_emb.shape[0], device)
             (index,) = to_device(device, [im.n + a.pos + 1 for im, a in zip(images, asks)])
         else:  # every ask at the same depth
             index = done + asks[0].pos + 1
         ids = [a.tokens if layout is None else a.tokens + layout.code_offset for a in asks]
         pos = [torch.full((s,), im.Q + o, device=device) for im, o, s in zip(images, offsets, sizes)]
         out = self.forward_nodes(images, ids, [a.hidden for a in asks], pos, [im.Q + s for im, s in zip(images, slots)],
-                                 visible, rows if done is not None else None)
+                                 visible, rows)
         if at:
-            out = self.eol_passes(images, out, at, offsets, slots, visible)
+            out = self.eol_passes(images, out, at, offsets, slots, visible, rows)
         head = drafter.head(out)
         q = batch_probs(head if layout is None else image_logits(layout, head), self.params,
                         index[:, None].expand(-1, S))
@@ -146,7 +146,7 @@ class TreeRounds(DrafterRounds):
                 none = torch.zeros(1, 2 * m + 1, dtype=torch.bool, device=self.device)
                 pred = self.eol_passes(images, pred.reshape(R * n, 1, -1), at, [-1] * n,
                                        [torch.full((1,), m, device=self.device)] * n,
-                                       [_visible(1, self.drafter.cache_len, im.Q, none) for im in images])
+                                       [_visible(1, self.drafter.cache_len, im.Q, none) for im in images], rows)
                 pred = pred.view(R, n, -1)
         head = self.drafter.head(pred.reshape(R * n, 1, -1))
         q_root = batch_probs(head if layout is None else image_logits(layout, head), self.params, done[:, None])[:, 0]
