@@ -1,6 +1,7 @@
 """Static and dynamic draft trees under a layout with forced structural tokens (engine/decoding/forced_trees.py,
-docs/chameleon-layout.md "Tree rounds"), on the tiny GPT with test_layout.py's toy layouts: 3 x 4 codes + eol (a
-depth-5 tree crosses one or two row ends a round), 2 x 2 codes + eol for the exact law."""
+docs/chameleon-layout.md "Tree rounds"), and chain and tree rounds as one compiled call under it ("Compiled
+rounds"), on the tiny GPT with test_layout.py's toy layouts: 3 x 4 codes + eol (a depth-5 tree crosses one or two
+row ends a round), 2 x 2 codes + eol for the exact law."""
 import itertools
 
 import pytest
