@@ -205,12 +205,16 @@ def test_compiled_rounds_with_a_layout_give_eager_codes(one_thread):
     drafter = Drafter.from_target(target).eval()
     torch.nn.init.normal_(drafter.fc.weight, std=0.3)
     params, cond = SamplingParams(cfg_scale=2.0, top_k=8), torch.tensor([0, 3, 1])
+    from torch._dynamo.utils import counters
+
     for drafting in (Chain(4), static_tree("mc_sim_7b_63")):
+        before = counters["stats"]["unique_graphs"]
         want, want_stats = decode(target, drafter, cond, params, RULES["lantern"], drafting, gens(3), TABLE,
                                   layout=TOY)
         got, stats = decode(target, drafter, cond, params, RULES["lantern"], drafting, gens(3), TABLE, layout=TOY,
                             compile=True)
         assert_same_decodes(got, stats, want, want_stats, 12)
+        assert counters["stats"]["unique_graphs"] > before  # the round really compiled (no eager fallback)
 
 
 def test_layouts_refuse_what_does_not_run(toy_pair):
