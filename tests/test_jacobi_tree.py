@@ -232,5 +232,5 @@ def test_refused_where_not_built():
         decode(target, None, torch.ones(1, dtype=torch.long), SamplingParams(), AcceptRule(),
                ProactiveJacobi(2, "independent", 4, 1), gens(1))
     layout = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
-    with pytest.raises(UserError, match="layout toy .* runs with Jacobi windows \(without proactive\)"):
+    with pytest.raises(UserError, match="layout toy .*proactive tree does not run under a layout"):
         rounds_for(ProactiveJacobi(4), target, None, SamplingParams(), AcceptRule(), None, 1, layout=layout)

@@ -297,21 +297,6 @@ def test_slot_geometry_by_hand():
     assert verify_rows(TOY, 4, 3) == 5 and verify_rows(TOY, 1, 3) == 5 and verify_rows(TOY, 11, 1) == 2
 
 
-def test_layouts_refuse_what_is_not_built_yet(toy_pair):
-    from lantern.engine.decoding.sampling import SamplingParams
-    from lantern.engine.decoding.speculative import decode
-    from lantern.engine.decoding.trees import static_tree
-    from lantern.engine.rules.acceptance import AcceptRule
-    from lantern.engine.decoding.chain import Chain
-    from tiny import gens
-
-    target, drafter = toy_pair
-    for kind, compile in ((static_tree("chain", 2), False), (Chain(2), True)):
-        with pytest.raises(UserError, match="chain drafting, eager"):
-            decode(target, drafter, torch.arange(1), SamplingParams(), AcceptRule(), kind, gens(1), layout=TOY,
-                   compile=compile)
-
-
 def test_head_layout_is_the_same_sequence_in_the_chameleon_heads_columns():
     """Chameleon's head exposes the codes as columns 0..8191 and the layout's eol / eoi after them: mapping the
     head-space sequence's columns back to ids gives the authors' sequence."""

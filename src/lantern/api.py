@@ -446,13 +446,12 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     each image alone: the paper's latency; larger batches give throughput). mode: sampling, or greedy
     (argmax over the CFG-mixed logits, as the pipeline's greedy mode). sampling: cfg_scale, cfg_interval,
     temperature, top_k, top_p (defaults: the default run's, CFG 2; a Chameleon world's: its authors', CFG 3, top-k
-    2000). compile: torch.compile the verify / decode step (auto: on CUDA, except for the rounds that do not compile
-    under a world's forced tokens yet, kinds.runs_under_layout, which run eager). warmup: first decode one image
-    untimed (compiled: the first batch), so one-time costs stay out of the times.
+    2000). compile: torch.compile the verify / decode step (auto: on CUDA, except for a world whose layout forces
+    tokens, whose rounds run eager unless compile=True). warmup: first decode one image untimed (compiled: the first
+    batch), so one-time costs stay out of the times.
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
     from lantern.engine.decoding.compiled import resolve
-    from lantern.engine.decoding.kinds import runs_under_layout
     from lantern.engine.methods import drafting, point_name, speculative
     from lantern.engine.decoding.sampling import image_generator, image_seed
     from lantern.pipeline.progress import Progress
@@ -472,9 +471,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
         raise UserError(f"sampling = {sampling!r} must be a dict such as {{'cfg_scale': 2.0, 'top_k': 0}}")
     sampling_params = _sampling({**world.sampling, **(sampling or {})}, mode)
     cond, mask, described = _conditions(world, conditions)
-    if world.layout is not None and compile in ("auto", None) and speculative(spec) \
-            and not runs_under_layout(drafting(spec), world.drafter, True):
-        compile = False  # these compiled rounds with forced tokens are not built (plain AR and Jacobi compile them)
+    if world.layout is not None and compile in ("auto", None) and speculative(spec):
+        compile = False  # compiled rounds with forced tokens are checked on CPU only so far (plain AR compiles them)
     compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
     run = _decoder(world, spec, sampling_params, compiled)
     n = len(cond)

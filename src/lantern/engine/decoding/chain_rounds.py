@@ -52,7 +52,7 @@ def chain_drafts(drafter: Drafter, emb: Tensor, hidden: Tensor, pos: Tensor, slo
     steps, feed_below = G, gs - 1
     if geometry is not None:
         forced, code_slot, slot_code = geometry
-        feed_below = code_slot.gather(1, (gs - 1).clamp(min=0)[:, None])[:, 0]
+        feed_below = torch.where(gs > 0, code_slot.gather(1, (gs - 1).clamp(min=0)[:, None])[:, 0], 0)
     for i in range(steps):
         preds.append(pred)
         t = i if geometry is None else slot_code[:, i].clamp(min=0)  # the draft a slot holds

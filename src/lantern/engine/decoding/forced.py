@@ -22,6 +22,17 @@ def slot_width(layout: Layout, G: int) -> int:
     return G + -(-(G + 1) // layout.cols) + 2
 
 
+def draft_slots(layout: Layout, G: int) -> int:
+    """The most slots G drafts span after y (a compiled round's drafter steps): the eol tokens among them."""
+    return G + (-(-G // layout.cols) if layout.eol is not None else 0)
+
+
+def verify_width(layout: Layout, G: int) -> int:
+    """The most rows a verify of G drafts takes (verify_rows' bound; a compiled round's static width): y, the
+    drafts, the bonus code's predicting row and the eol tokens among them."""
+    return G + 1 + (-(-(G + 1) // layout.cols) if layout.eol is not None else 0)
+
+
 def slot_geometry(layout: Layout, d: Tensor, G: int) -> tuple[Tensor, Tensor, Tensor]:
     """(forced [n, S]: the forced id at each slot after y, -1 at a code's slot; code_slot [n, G + 1]: the slot of code
     d + t, t = G the bonus code; slot_code [n, S]: t at a code's slot, -1 at a forced one), S = slot_width. Slots

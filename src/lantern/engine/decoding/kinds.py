@@ -23,33 +23,43 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
-def runs_under_layout(drafting, drafter, compile: bool) -> bool:
-    """Whether a kind's rounds decode a sequence with forced structural tokens (docs/chameleon-layout.md): Jacobi
-    windows (without SJD-PAC's proactive tree), eager or compiled, and eager chains without skipped verifies, so far."""
+def layout_refusal(drafting, drafter, compile: bool, layout: Layout, rule: AcceptRule) -> str | None:
+    """Why rounds cannot decode under a layout with forced tokens (docs/chameleon-layout.md), or None: chain, tree
+    and Jacobi rounds can, eager or compiled; SJD-PAC's proactive tree and skipped verifies (VVS) cannot yet."""
     if isinstance(drafting, ProactiveJacobi):
-        return False
+        return "SJD-PAC's proactive tree does not run under a layout yet; leave proactive out"
     if isinstance(drafting, Jacobi):
-        return True
-    return isinstance(drafting, Chain) and not compile and drafter is not None and not skips(drafting)
+        return None
+    if drafter is None:
+        return f"{type(drafting).__name__} drafting needs a drafter"
+    if skips(drafting):
+        return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
+    if compile and not graph_capturable(rule):
+        return f"{rule.describe()} has no compiled round; decode with compile off"
+    if isinstance(drafting, (StaticTree, DynamicTree)) and drafting.max_rank >= layout.codebook:
+        return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {layout.codebook} image codes"
+    return None
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
-    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the
-    kinds of `runs_under_layout`. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
-    if layout is not None and not runs_under_layout(drafting, drafter, compile):
-        raise UserError(f"layout {layout.name} (forced structural tokens) runs with Jacobi windows (without "
-                        "proactive), or with chain drafting, eager, without skipped verifies, so far; trees and "
-                        "compiled chains are designed in docs/chameleon-layout.md")
+    verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the rounds
+    `layout_refusal` allows. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
+    if layout is not None:
+        refused = layout_refusal(drafting, drafter, compile, layout, rule)
+        if refused:
+            raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
     if isinstance(drafting, ProactiveJacobi):
         return JacobiTreeRounds(target, drafting, params, rule, table, B)
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B, layout)
     if layout is not None:
-        rounds = ChainRounds(target, drafter, drafting, params, rule, table, B)
+        chain = isinstance(drafting, Chain)
+        kind = (GraphChainRounds if chain else GraphTreeRounds) if compile else ChainRounds if chain else TreeRounds
+        rounds = kind(target, drafter, drafting, params, rule, table, B)
         rounds.use_layout(layout)
         return rounds
     if drafter is None:

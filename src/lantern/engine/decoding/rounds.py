@@ -163,7 +163,7 @@ def prefill_rows(target: GPT, cond: Tensor, params: SamplingParams, timer: StepT
 
 class DrafterRounds:
     """What the rounds of chains and trees share: the prefill of both models, the catch-up, the end. `layout`
-    (set by kinds.rounds_for; chains only so far): the target's sequence carries forced tokens (forced.py)."""
+    (set by kinds.rounds_for): the target's sequence carries forced tokens (forced.py)."""
 
     layout: Layout | None = None
 
@@ -177,17 +177,22 @@ class DrafterRounds:
         """Decode a layout's codes (N = layout.codes), its forced tokens spliced in (forced.py)."""
         self.layout, self.N = layout, layout.codes
 
+    def cache_extras(self) -> tuple[int, int]:
+        """The (target, drafter) cache slots past the sequence that a round writes: the drafting kind's."""
+        return self.drafting.target_extra, self.drafting.drafter_extra
+
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
         """Both caches set up (`*_extra` slots for tree nodes, then the scratch slot), one target forward over
         every condition row, each image's first token drawn with its own generator (self.first [B], on the
         device)."""
         target, drafter, B, T = self.target, self.drafter, self.B, self.target.args.cls_token_num
-        p0, cond_emb, hidden, rows_mask = prefill_rows(target, cond, self.params, timer, cond_mask,
-                                                       self.drafting.target_extra, static, self.layout)
+        target_extra, drafter_extra = self.cache_extras()
+        p0, cond_emb, hidden, rows_mask = prefill_rows(target, cond, self.params, timer, cond_mask, target_extra,
+                                                       static, self.layout)
         images, R = [], cond_emb.shape[0] // B
         with timer.section("other"):
-            extra = self.drafting.drafter_extra + SCRATCH
+            extra = drafter_extra + SCRATCH
             if static:
                 compiled.setup_static_cache(drafter, cond_emb.shape[0], extra=extra, cond_mask=rows_mask)
             else:

@@ -30,6 +30,9 @@ from lantern.engine.decoding.rounds import (DrafterRounds, Image, batch_probs, c
 from lantern.engine.decoding.sampling import Uniforms, draw
 from lantern.engine.decoding.stats import free_read
 from lantern.engine.decoding.trees import Draft, TreePass, _visible
+from lantern.engine.decoding.forced_trees import (depth_widths, drafter_pass, layout_extras, spliced_path,
+                                                  spliced_tree, tree_depth, tree_plan)
+from lantern.engine.models.layout import image_logits
 
 
 def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: int, cache_len: int):
@@ -46,28 +49,79 @@ def per_row(pos: list[Tensor], slots: list[Tensor], visible: list[Tensor], R: in
 class TreeRounds(DrafterRounds):
     """Rounds of a static or dynamic draft tree (trees.TreeShape) for a batch."""
 
+    def cache_extras(self) -> tuple[int, int]:
+        if self.layout is None:
+            return self.drafting.target_extra, self.drafting.drafter_extra
+        return layout_extras(self.drafting, self.layout)
+
+    def forward_nodes(self, images: list[Image], tokens: list[Tensor], hidden: list[Tensor], pos: list[Tensor],
+                      slots: list[Tensor], visible: list[Tensor], rows: Tensor | None) -> Tensor:
+        """One drafter forward over some nodes of each of `images` (ids tokens [S_i], parents' predicted states
+        hidden [R, S_i, d], positions and slots [S_i], visibility [S_i, cache_len]; rows: their cache rows, None:
+        all): the predicted states [R * n, S, d] in forward layout."""
+        drafter, R, L = self.drafter, images[0].pend_emb.shape[0], self.drafter.cache_len
+        sizes = [len(t) for t in tokens]
+        S = max(sizes)
+        emb = drafter.embed_tokens(torch.cat(tokens))
+        emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
+        pos, slots, visible = per_row(pos, slots, visible, R, L)
+        return drafter.forward_rows(emb, pack(hidden, S), pos, slots, visible, rows)
+
+    def eol_passes(self, images: list[Image], out: Tensor, at: list[int], offsets: list[int],
+                   slots: list[Tensor], visible: list[Tensor], rows: Tensor | None) -> Tensor:
+        """Under a layout, the drafter fed the eol after the nodes of images `at` (their states in `out` [R * n, S,
+        d]; offsets: positions from Q, one less than the eol's; slots: tree slots, the eol's m more; visible: the
+        nodes'): `out` with those images' rows replaced by the eol's predicted states. The forward runs over every
+        image's rows (the same cache rows, no copy to the device); the others' answers, written to their own unread
+        eol slots, are dropped."""
+        layout, device, n, m = self.layout, self.device, len(images), self.drafting.drafter_extra
+        R, S = images[0].pend_emb.shape[0], out.shape[1]
+        out = out.view(R, n, S, -1)
+        sizes = [len(s) for s in slots]
+        pos = [torch.full((s,), im.Q + o + 1, device=device) for im, o, s in zip(images, offsets, sizes)]
+        eol = self.forward_nodes(images, [torch.full((s,), layout.eol, device=device) for s in sizes],
+                                 [out[:, i, :s] for i, s in enumerate(sizes)], pos,
+                                 [im.Q + m + s for im, s in zip(images, slots)], visible, rows)
+        eol = eol.view(R, n, eol.shape[1], -1)
+        out = out.clone()
+        for i in at:
+            out[:, i, : sizes[i]] = eol[:, i, : sizes[i]]
+            images[i].stats.drafter_forwards += 1
+        return out.view(R * n, S, -1)
+
     def tree_passes(self, images: list[Image], asks: list[TreePass], rows: Tensor | None,
                     done: Tensor | None) -> list[tuple[Tensor, Tensor]]:
         """The drafter passes `asks` of `images` (one each) in one forward: each image's answer (hidden
         [R, S_i, d], distributions [S_i, V]); rows, done [n]: the images' cache rows and tokens done on the device,
-        when they are all the round's images at one depth (None: sent)."""
-        drafter, device = self.drafter, self.device
-        n, R, L = len(images), images[0].pend_emb.shape[0], drafter.cache_len
+        when they are all the round's images at one depth (None: sent). Under a layout (forced_trees.py) the passes
+        sit at their spliced positions, see their ancestors' eol slots, and the passes at a row end are followed by
+        the eol's (one forward more), whose states answer them."""
+        drafter, device, layout = self.drafter, self.device, self.layout
+        n, L = len(images), drafter.cache_len
         sizes = [len(a.tokens) for a in asks]
         S = max(sizes)
-        emb = drafter.embed_tokens(torch.cat([a.tokens for a in asks]))
-        emb = pack([e[None].expand(R, -1, -1) for e in emb.split(sizes)], S)
-        pos, slots, visible = per_row(
-            [torch.full((s,), im.Q + a.pos, device=device) for im, a, s in zip(images, asks, sizes)],
-            [im.Q + a.slots for im, a in zip(images, asks)],
-            [_visible(s, L, im.Q, a.anc) for im, a, s in zip(images, asks, sizes)], R, L)
+        if layout is None:
+            offsets, anc, at = [a.pos for a in asks], [a.anc for a in asks], []
+        else:
+            m = self.drafting.drafter_extra
+            geo = [drafter_pass(self.plans[im.index], a.pos, a.anc, a.slots, m) for im, a in zip(images, asks)]
+            offsets, anc, at = [g[0] for g in geo], [g[1] for g in geo], [i for i, g in enumerate(geo) if g[2]]
+        visible = [_visible(s, L, im.Q, v) for im, s, v in zip(images, sizes, anc)]
+        slots = [a.slots for a in asks]
         if done is None:
-            rows = cache_rows(images, self.B, R, device)
+            rows = cache_rows(images, self.B, images[0].pend_emb.shape[0], device)
             (index,) = to_device(device, [im.n + a.pos + 1 for im, a in zip(images, asks)])
         else:  # every ask at the same depth
             index = done + asks[0].pos + 1
-        out = drafter.forward_rows(emb, pack([a.hidden for a in asks], S), pos, slots, visible, rows)
-        q = batch_probs(drafter.head(out), self.params, index[:, None].expand(-1, S))
+        ids = [a.tokens if layout is None else a.tokens + layout.code_offset for a in asks]
+        pos = [torch.full((s,), im.Q + o, device=device) for im, o, s in zip(images, offsets, sizes)]
+        out = self.forward_nodes(images, ids, [a.hidden for a in asks], pos, [im.Q + s for im, s in zip(images, slots)],
+                                 visible, rows)
+        if at:
+            out = self.eol_passes(images, out, at, offsets, slots, visible, rows)
+        head = drafter.head(out)
+        q = batch_probs(head if layout is None else image_logits(layout, head), self.params,
+                        index[:, None].expand(-1, S))
         return [(out[i::n, :s], q[i, :s]) for i, s in enumerate(sizes)]
 
     def prefill(self, cond, generators, timer, cond_mask, static) -> list[Image]:
@@ -79,11 +133,23 @@ class TreeRounds(DrafterRounds):
     def draft(self, images: list[Image]) -> None:
         """Every active image's tree grown in its `growth`, the drafter forwards batched. Sets each image's
         `draft`."""
-        n, R = len(images), images[0].pend_emb.shape[0]
+        n, R, layout = len(images), images[0].pend_emb.shape[0], self.layout
         rows = cache_rows(images, self.B, R, self.device)
         pred = self.catch_up(images, rows)
         (done,) = to_device(self.device, [im.n for im in images])
-        q_root = batch_probs(self.drafter.head(pred.reshape(R * n, 1, -1)), self.params, done[:, None])[:, 0]
+        if layout is not None:  # where this round's eols fall; y's own, fed before the root's children are drawn
+            m = self.drafting.drafter_extra
+            self.plans = {im.index: tree_plan(layout, im.n - 1, min(tree_depth(self.drafting), self.N - im.n),
+                                              m, self.device) for im in images}
+            at = [i for i, im in enumerate(images) if 0 in self.plans[im.index].ends]
+            if at:
+                none = torch.zeros(1, 2 * m + 1, dtype=torch.bool, device=self.device)
+                pred = self.eol_passes(images, pred.reshape(R * n, 1, -1), at, [-1] * n,
+                                       [torch.full((1,), m, device=self.device)] * n,
+                                       [_visible(1, self.drafter.cache_len, im.Q, none) for im in images], rows)
+                pred = pred.view(R, n, -1)
+        head = self.drafter.head(pred.reshape(R * n, 1, -1))
+        q_root = batch_probs(head if layout is None else image_logits(layout, head), self.params, done[:, None])[:, 0]
         growing, asks = {}, {}
 
         def advance(i: int, answer) -> None:
@@ -120,14 +186,22 @@ class TreeRounds(DrafterRounds):
         R, L = images[0].pend_emb.shape[0], target.cache_len
         zero = torch.zeros(1, dtype=torch.long, device=device)
         drafts: list[Draft] = [im.draft for im in images]
-        (last,) = to_device(device, [im.tokens[-1] for im in images])
-        seqs = [torch.cat([last[i : i + 1], d.tokens]) for i, d in enumerate(drafts)]
+        last, c0 = to_device(device, [im.tokens[-1] for im in images], [im.n - 1 for im in images])
+        if self.layout is None:
+            seqs = [torch.cat([last[i : i + 1], d.tokens]) for i, d in enumerate(drafts)]
+            offsets, blocks = [torch.cat([zero, d.depth]) for d in drafts], [d.block for d in drafts]
+            real = [torch.ones(len(s), dtype=torch.bool, device=device) for s in seqs]
+        else:  # [y, nodes, eol nodes] (forced_trees.spliced_tree); commit reads self.spliced
+            widths = depth_widths(self.drafting)
+            self.spliced = [spliced_tree(self.layout, d, self.plans[im.index], widths, last[i : i + 1],
+                                         c0[i : i + 1], self.N) for i, (im, d) in enumerate(zip(images, drafts))]
+            seqs, offsets, blocks, real = ([t[j] for t in self.spliced] for j in range(4))
         S = max(len(s) for s in seqs)
         tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
-        pos, slots, visible = per_row([im.Q + torch.cat([zero, d.depth]) for im, d in zip(images, drafts)],
-                                      [im.Q + torch.arange(len(s), device=device) for im, s in zip(images, seqs)],
-                                      [_visible(len(s), L, im.Q, d.block) for im, d, s in zip(images, drafts, seqs)],
-                                      R, L)
+        pos, slots, visible = per_row(
+            [torch.where(r, im.Q + o, 0) for im, o, r in zip(images, offsets, real)],
+            [torch.where(r, im.Q + torch.arange(len(s), device=device), L - 1) for im, s, r in zip(images, seqs, real)],
+            [_visible(len(s), L, im.Q, b) & r[:, None] for im, b, s, r in zip(images, blocks, seqs, real)], R, L)
         for im in images:
             im.stats.target_forwards += 1
         return target_forward(target, cache_rows(images, self.B, R, device), tokens, pos, slots, visible, width)
@@ -152,7 +226,15 @@ class TreeRounds(DrafterRounds):
             if static and walking else []
         q_row = [r for d in drafts for r in (d.q_row or []) + [0] * (M + 1 - len(d.q_row or []))] if walking else []
         done, kids, q_row = to_device(device, [im.n for im in images], [k for c in kids for k in c], q_row)
-        P = batch_probs(logits[:, : 1 + M], self.params, done[:, None] + F.pad(depth, (1, 0)))
+        layout = self.layout
+        if layout is None:
+            logits = logits[:, : 1 + M]
+        else:  # each node's children read its eol's row where it has one, over the image head
+            code_rows = torch.stack([F.pad(t[4], (0, M + 1 - len(t[4]))) for t in self.spliced])  # [n, 1 + M]
+            V = logits.shape[-1]
+            logits = logits.view(R, n, -1, V).gather(2, code_rows[None, ..., None].expand(R, -1, -1, V))
+            logits = image_logits(layout, logits.view(R * n, M + 1, V))
+        P = batch_probs(logits, self.params, done[:, None] + F.pad(depth, (1, 0)))
         if greedy:
             path, p = greedy_paths(P, drafts, self.table, self.rule)
             token = p.argmax(-1)
@@ -172,29 +254,56 @@ class TreeRounds(DrafterRounds):
             token = draw(p, ahead.u.gather(1, used[:, None])[:, 0])
         a = (path >= 0).sum(-1)
         seq = F.pad(X.gather(1, path.clamp(min=0)), (0, 1)).scatter(1, a[:, None], token[:, None])  # drafts, next
-        read = torch.cat([torch.stack([a, used, depth.max(-1).values], 1), path, seq], 1).tolist()  # the one read
+        parts = [torch.stack([a, used, depth.max(-1).values], 1), path, seq]
+        if layout is not None:  # the rows predicting the children of y and of each path node (an eol's, or its own)
+            parts.append(code_rows.gather(1, F.pad(path + 1, (1, 0)).clamp(min=0)))
+        read = torch.cat(parts, 1).tolist()  # the one read
         emb, at = self.drafter.embed_tokens(seq), F.pad(path + 1, (1, 0))
         hidden = hidden.view(R, n, hidden.shape[1], -1)
-        moves, counts = [], []
+        moves, counts, kept, fed = [], [], {}, []
         for i, (im, r) in enumerate(zip(images, read)):
             a_i, used_i, deepest = r[:3]
             nodes, toks = r[3 : 3 + a_i], r[3 + D : 3 + D + a_i + 1]
-            moves += [(im.index + k * self.B, im.Q + 1 + s, im.Q + 1 + j) for k in range(R)
-                      for j, s in enumerate(nodes) if s != j]
+            if layout is None:
+                moves += [(im.index + k * self.B, im.Q + 1 + s, im.Q + 1 + j) for k in range(R)
+                          for j, s in enumerate(nodes) if s != j]
+            else:  # the verify rows kept, eol nodes included, in sequence order from y's
+                kept[i] = spliced_path([0] + [s + 1 for s in nodes], r[4 + 2 * D : 5 + 2 * D + a_i])
+                moves += [(im.index + k * self.B, im.Q + s, im.Q + 1 + j) for k in range(R)
+                          for j, s in enumerate(kept[i][1:]) if s != j + 1]
             im.stats.accepted_per_step.append(a_i)
             im.stats.tree_depth.append(deepest)
             finished = im.n + a_i == N  # the drafts completed the image: a bonus token would lie past its end
             counts.append(used_i + (not finished))
             im.tokens += toks[: a_i + (not finished)]
             im.n = len(im.tokens)
-            if not finished:
+            if not finished and layout is None:
                 im.pend_emb = emb[i, : a_i + 1].expand(R, -1, -1)
                 im.pend_h = hidden[:, i, at[i, : a_i + 1]]
                 im.start, im.Q = im.Q, im.Q + a_i + 1
+            elif not finished:  # the kept rows' states, paired with the ids after them and the next code
+                fed.append((i, toks[a_i] + layout.code_offset))
+        if fed:
+            self.spliced_inputs(images, [kept[i] for i, _ in fed], fed, hidden)
         if not greedy:
             ahead.used(counts)
         if moves:
             self.target.keep_rows(*to_device(device, *zip(*moves)))
+
+    def spliced_inputs(self, images: list[Image], kept: list[list[int]], fed: list[tuple[int, int]],
+                       hidden: Tensor) -> None:
+        """Under a layout, the drafter's next catch-up inputs of the images `fed` ((their index in `images`, the id of
+        their next code)): the target's states at their kept verify rows, paired with the ids after them (eol
+        tokens included) and the next code; the next y sits after the kept rows."""
+        R, sizes = hidden.shape[0], [len(k) for k in kept]
+        (flat,) = to_device(self.device, [r for k in kept for r in k[1:]] + [t for _, t in fed])
+        rows, nxt = flat[: sum(sizes) - len(kept)].split([s - 1 for s in sizes]), flat[sum(sizes) - len(kept) :]
+        for (i, _), at, size, t in zip(fed, rows, sizes, nxt):
+            im = images[i]
+            ids = torch.cat([self.spliced[i][0][at], t[None]])
+            im.pend_emb = self.drafter.embed_tokens(ids).expand(R, -1, -1)
+            im.pend_h = hidden[:, i, F.pad(at, (1, 0))]  # y's row, then the kept ones
+            im.start, im.Q = im.Q, im.Q + size
 
 
 def settled(live: Tensor) -> bool:
