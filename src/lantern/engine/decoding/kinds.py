@@ -22,6 +22,12 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
+def layout_supported(drafting, compile: bool = False) -> bool:
+    """Whether rounds_for runs `drafting` (a drafting object; plain AR has none and always runs) under a layout with
+    forced structural tokens: the one condition, which the config check asks too, so it follows what is built."""
+    return drafting is None or (isinstance(drafting, Chain) and not compile and not skips(drafting))
+
+
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
                B: int, compile: bool = False, layout: Layout | None = None):
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
@@ -29,7 +35,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): eager
     chain rounds only so far."""
     if layout is not None:
-        if not isinstance(drafting, Chain) or compile or drafter is None or skips(drafting):
+        if not layout_supported(drafting, compile) or drafter is None:
             raise UserError(f"layout {layout.name} (forced structural tokens) runs with chain drafting, eager, "
                             "without skipped verifies, so far; trees, Jacobi windows and compiled rounds are "
                             "designed in docs/chameleon-layout.md")
