@@ -223,7 +223,7 @@ def drafter_training_inputs(wildcards):
 # --- the Chameleon-family world (chameleon.smk) ---
 
 CH = config["chameleon"]
-VQGAN_YAML = CH["vqgan_yaml"] or str(Path(CH["vqgan_ckpt"] or ".").with_name("vqgan.yaml"))
+VQGAN_YAML = CH["vqgan_yaml"] or (str(Path(CH["vqgan_ckpt"]).with_name("vqgan.yaml")) if CH["vqgan_ckpt"] else "")
 # every generate job of a Chameleon world: the family, its tokenizer and VQGAN config, its pixels and prompt slots
 CHAMELEON_ARG = (f"--family {CH['family']} --tokenizer {shlex.quote(CH['tokenizer'])} --vqgan-yaml "
                  f"{shlex.quote(VQGAN_YAML)} --pixels {chameleon_pixels(config)} --prompt-tokens {CH['prompt_tokens']}"
