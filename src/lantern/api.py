@@ -452,7 +452,8 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
     progress: print images done, images/s, ETA and tau so far to stderr.
     """
     from lantern.engine.decoding.compiled import resolve
-    from lantern.engine.methods import point_name, speculative
+    from lantern.engine.decoding.kinds import layout_supported
+    from lantern.engine.methods import drafting, point_name, speculative
     from lantern.engine.decoding.sampling import image_generator, image_seed
     from lantern.pipeline.progress import Progress
     from lantern.pipeline.sample import aligned_batches, to_uint8
@@ -471,8 +472,9 @@ def generate(world: World, conditions, method: str | dict = "vanilla", *, seed: 
         raise UserError(f"sampling = {sampling!r} must be a dict such as {{'cfg_scale': 2.0, 'top_k': 0}}")
     sampling_params = _sampling({**world.sampling, **(sampling or {})}, mode)
     cond, mask, described = _conditions(world, conditions)
-    if world.layout is not None and compile in ("auto", None) and speculative(spec):
-        compile = False  # compiled rounds with forced tokens are not built (plain AR compiles them)
+    if world.layout is not None and compile in ("auto", None) and speculative(spec) and \
+            not layout_supported(drafting(spec), True):
+        compile = False  # the engine's compiled rounds do not take forced tokens for this kind (plain AR compiles)
     compiled = resolve({"true": True, "false": False}.get(compile, compile), world.device)
     run = _decoder(world, spec, sampling_params, compiled)
     n = len(cond)
