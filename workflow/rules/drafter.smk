@@ -5,7 +5,7 @@ rule neighbours:
     input:
         vq=vq_ckpt(),
         # a Chameleon VQGAN is read through its layout's reader, checked against its vqgan.yaml
-        yaml=[VQGAN_YAML] if CHAMELEON else [],
+        **({"yaml": VQGAN_YAML} if CHAMELEON else {}),
     output:
         f"{OUT}/neighbours/{{metric}}_K{{max_k}}.pt",
     log:
@@ -14,11 +14,12 @@ rule neighbours:
         f"{OUT}/benchmarks/neighbours/{{metric}}_K{{max_k}}.tsv"
     params:
         p=lambda w: as_arg({"metric": w.metric, "k": int(w.max_k)}),
-        command=f"chameleon-neighbours --vqgan-yaml {shlex.quote(VQGAN_YAML)}" if CHAMELEON else "neighbours",
     conda:
         "../../environment.yml"
     shell:
-        "lantern {params.command} --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
+        # other worlds' command stays as it was, so that their finished tables are not rerun for a new rule text
+        ("lantern chameleon-neighbours --vqgan-yaml {input.yaml:q}" if CHAMELEON else "lantern neighbours")
+        + " --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
 
 
 # defined with shipped checkpoints too: the drafter alone can be retrained for the shipped target (see ship_toy.py
