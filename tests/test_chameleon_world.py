@@ -86,3 +86,33 @@ def test_recipe_runs_the_whole_dag(world, tmp_path, family):
         assert "tau_authors" not in sweep
     for name in ("tradeoff", "round_anatomy", "samples_sampling"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
+
+
+def sample_args(world: dict, tmp_path, method: dict, compile: str = "auto") -> list[str]:
+    from lantern.worlds.llamagen.prompts import write_prompts
+
+    write_prompts([(str(i), c) for i, c in enumerate(CAPTIONS)], tmp_path / "prompts.csv")
+    return ["--family", "lumina-mgpt", "--target", world["target"], "--vq", world["vqgan_ckpt"], "--tokenizer",
+            world["tokenizer"], "--drafter", world["drafter"], "--pixels", "64", "--prompt-tokens", "32", "--prompts",
+            str(tmp_path / "prompts.csv"), "--method", json.dumps(method), "--end", "1", "--device", "cpu",
+            "--compile", compile, "--quiet", "--out", str(tmp_path / "out")]
+
+
+def test_sample_under_luminas_layout_runs_eager_under_auto_and_refuses_the_rest(world, tmp_path, monkeypatch):
+    """As on CUDA (compile auto would compile): a chain under the layout runs eager, recorded in the manifest;
+    compile true and a static tree are refused in one line before any decode."""
+    from lantern.engine.decoding import compiled
+    from lantern.errors import UserError
+    from lantern.pipeline import sample
+
+    monkeypatch.setattr(compiled, "resolve", lambda option, device: option in ("auto", None, True))
+    chain = {"name": "exact", "drafting": "chain", "gamma": 3}
+    sample.main(sample_args(world, tmp_path, chain))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["compile"] is False and manifest["layout"]["eol"] == 8192
+    assert pd.read_csv(tmp_path / "out" / "stats.csv")["caption"].tolist() == CAPTIONS[:1]
+    for method, compile, words in ((chain, "true", "compiled"), ({"name": "exact", "drafting": "static"}, "auto",
+                                                                  "static drafting")):
+        with pytest.raises(UserError) as e:
+            sample.main(sample_args(world, tmp_path, method, compile))
+        assert "\n" not in str(e.value) and words in str(e.value) and "layout" in str(e.value)
