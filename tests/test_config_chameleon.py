@@ -1,6 +1,7 @@
-"""The Chameleon recipes (config/lumina-mgpt.yaml, config/anole.yaml): their settings as the authors run them, and
-a config check that names every file to place, one line each, and then says that the pipeline cannot run the world
-yet, so that no recipe validates and fails in its first job."""
+"""The Chameleon recipes (config/lumina-mgpt.yaml, config/anole.yaml): their settings as the authors run them, a
+config check that names every file to place, one line each, refuses only when one is missing, and then refuses, in
+one line, a sweep point the engine cannot run under the family's layout (asking engine/decoding/kinds.py)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import yaml
 
 from lantern.errors import UserError
 from lantern.pipeline.config import expand_methods, validate_config
-from lantern.pipeline.config_inputs import CHAMELEON_NOT_YET, chameleon_files
+from lantern.pipeline.config_inputs import chameleon_files
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"lumina-mgpt": "lumina-mgpt.yaml", "anole": "anole.yaml"}
@@ -27,9 +28,9 @@ def refusal(cfg: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("family", list(RECIPES))
-def test_check_config_lists_exactly_the_files_to_place_then_refuses(family):
-    """On a fresh clone (none of the files placed), `lantern check-config` prints one line per input and the line
-    that the pipeline cannot run the world; its exit status says it failed."""
+def test_check_config_lists_exactly_the_files_to_place(family):
+    """On a fresh clone (none of the files placed), `lantern check-config` prints one line per input to place and
+    nothing else; its exit status says it failed."""
     out = subprocess.run([sys.executable, "-m", "lantern", "check-config", f"config/{RECIPES[family]}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)  # a hang guard only
     assert out.returncode != 0
@@ -41,12 +42,13 @@ def test_check_config_lists_exactly_the_files_to_place_then_refuses(family):
             cfg["metrics"]["inception_weights"], cfg["metrics"]["vgg16_weights"], cfg["metrics"]["clip_ckpt"],
             cfg["metrics"]["hpsv2"]["weights_path"]]
     assert lines[0] == f"error: config: world chameleon ({family}): {len(want)} input(s) to place (or fix the paths):"
-    assert [line.split(" ")[-4] for line in lines[1:-1]] == want
-    assert lines[-1] == CHAMELEON_NOT_YET
+    assert [line.split(" ")[-4] for line in lines[1:]] == want
 
 
-def test_with_every_file_placed_only_the_pipeline_line_remains(tmp_path):
-    cfg = recipe("lumina-mgpt")
+def placed(family: str, tmp_path: Path, n_captions: int = 5000) -> dict:
+    """The recipe with every input it names placed under tmp_path: folders, files, and a COCO captions file with
+    `n_captions` images."""
+    cfg = recipe(family)
     for key, _, kind in chameleon_files(validate_config_without_files(cfg)):
         path = tmp_path / key
         path.mkdir() if kind == "folder" else path.write_text("x")
@@ -57,7 +59,52 @@ def test_with_every_file_placed_only_the_pipeline_line_remains(tmp_path):
         if key != "chameleon.vqgan_yaml":
             node[rest[-1]] = str(path)
     cfg["chameleon"]["vqgan_yaml"] = str(tmp_path / "chameleon.vqgan_yaml")
-    assert refusal(cfg) == [CHAMELEON_NOT_YET]
+    annotations = [{"image_id": i, "id": i, "caption": f"caption {i}"} for i in range(n_captions)]
+    Path(cfg["chameleon"]["prompts"]["coco_captions"]).write_text(json.dumps({"annotations": annotations}))
+    return cfg
+
+
+def test_with_every_file_placed_anole_validates(tmp_path):
+    cfg = validate_config(placed("anole", tmp_path))
+    assert {p.get("drafting") for p in expand_methods(cfg).values()} >= {"static", "dynamic", "jacobi", "chain"}
+
+
+def test_lumina_refuses_in_one_line_what_the_engine_cannot_run_under_its_layout(tmp_path):
+    cfg = placed("lumina-mgpt", tmp_path)
+    lines = refusal(cfg)
+    assert len(lines) == 1 and "exact-static-mc_sim_7b_63 (static drafting) does not run under Lumina-mGPT's " \
+        "layout" in lines[0] and "drop it from sweep.methods" in lines[0]
+    chains = [{"name": "vanilla"}, {"name": "lanternpp", "drafting": "chain", "gamma": 4, "k": 10, "lam": 5,
+                                    "residual": "lumina"},
+              {"name": "coolsd", "drafting": "chain", "gamma": 4, "scale": 2, "nu": 0.1}]
+    cfg["sweep"]["methods"] = chains
+    assert validate_config(cfg)["world"] == "chameleon"  # the overlay the recipe's header suggests runs
+    cfg["compile"] = True
+    (line,) = refusal(cfg)
+    assert "compiled) does not run" in line and "set compile: auto" in line
+
+
+def test_the_config_check_follows_the_engine(tmp_path, monkeypatch):
+    """The refusal is the engine's own condition: once the engine runs trees and Jacobi under a layout
+    (kinds.layout_supported says so), the authors' recipe validates unchanged."""
+    from lantern.engine.decoding import kinds
+
+    cfg = placed("lumina-mgpt", tmp_path)
+    monkeypatch.setattr(kinds, "layout_supported", lambda drafting, compile=False: True)
+    assert len(expand_methods(validate_config(cfg))) > 10
+
+
+def test_fewer_prompts_than_images_is_one_line(tmp_path):
+    (line,) = refusal(placed("anole", tmp_path, n_captions=10))
+    assert "sweep.n_images = 5000 asks for more prompts than chameleon.prompts.coco_captions" in line and \
+        "(10)" in line
+
+
+def test_one_prompt_set_at_a_time(tmp_path):
+    cfg = placed("anole", tmp_path)
+    cfg["chameleon"]["prompts"]["sjd"] = True
+    (line,) = refusal(cfg)
+    assert "chameleon.prompts sets coco_captions and sjd; keep one prompt set" in line
 
 
 def validate_config_without_files(cfg: dict) -> dict:
@@ -91,3 +138,21 @@ def test_the_recipes_hold_the_authors_settings(family):
     names = {p["name"] for p in points.values()}
     assert {"vanilla", "exact", "gsd", "coolsd"} <= names
     assert any(p["name"] == "exact" and p["drafting"] == "jacobi" for p in points.values())  # SJD
+
+
+def test_chameleon_prompts_writes_each_set_as_a_prompt_table(tmp_path):
+    """`lantern chameleon-prompts` (the chameleon_prompts rule): row i of the table captions image i."""
+    from lantern.pipeline.cli import main
+    from lantern.worlds.chameleon.prompts import SJD_PROMPTS
+    from lantern.worlds.llamagen.prompts import read_prompts
+
+    (tmp_path / "parti.tsv").write_text("Prompt\tCategory\na red cat\tAnimals\ntwo dogs\tAnimals\nthe moon\tWorld\n")
+    (tmp_path / "longest.json").write_text(json.dumps(["first caption", "second caption"]))
+    for args, want in ((["--tsv", str(tmp_path / "parti.tsv"), "--n", "2"], ["a red cat", "two dogs"]),
+                       (["--caption-list", str(tmp_path / "longest.json")], ["first caption", "second caption"]),
+                       (["--sjd", "--n", "3"], list(SJD_PROMPTS[:3]))):
+        out = tmp_path / "prompts.csv"
+        assert main(["chameleon-prompts", *args, "--out", str(out)]) == 0
+        rows = read_prompts(out)
+        assert [c for _, c in rows] == want and [i for i, _ in rows] == [str(j) for j in range(len(want))]
+    assert main(["chameleon-prompts", "--tsv", str(tmp_path / "parti.tsv"), "--n", "4", "--out", str(out)]) == 2

@@ -4,7 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lantern.pipeline.config import (data_params, drafter_source, evaluate_params, expand_methods,
+from lantern.pipeline.config import (chameleon_pixels, data_params, drafter_source, evaluate_params, expand_methods,
                                      latency_counts, mode_shard_ranges, shard_alignment, shard_ranges,
                                      target_extra_images, target_params, target_source, target_spec, validate_config,
                                      vq_params)
@@ -37,6 +37,7 @@ if getattr(workflow, "_cores", None) == 0:
 validate(config)
 OUT = config["outdir"]
 TOY = config["world"] == "toy"
+CHAMELEON = config["world"] == "chameleon"  # Anole / Lumina-mGPT from their released files (chameleon.smk)
 TRAIN_TOY = TOY and config["toy"]["checkpoints"] == "train"
 SHIPPED = Path(workflow.basedir) / "models" / "toy"
 WORLDS = ["default", "clean"] if TOY and config["toy"]["clean_world"] else ["default"]
@@ -77,14 +78,16 @@ def toy_model(world, name):
 
 
 LLAMAGEN = config["llamagen"]
-T2I = not TOY and LLAMAGEN["model_type"] == "t2i"
+T2I = config["world"] == "llamagen" and LLAMAGEN["model_type"] == "t2i"
 # Every job that loads the llamagen target gets the config's view of it, checked against the file's tensors.
-SPEC_ARG = "" if TOY else f"--target-spec {as_arg(target_spec(config))}"
+SPEC_ARG = "" if TOY or CHAMELEON else f"--target-spec {as_arg(target_spec(config))}"
 IN_JOB_ARG = (f"--in-job-vanilla --in-job-vanilla-every {config['sweep']['in_job_vanilla_every']}"
               if config["sweep"]["in_job_vanilla"] else "")
 
 
 def target_ckpt():
+    if CHAMELEON:
+        return CH["target"]
     if TOY:
         return toy_model("default", "target")
     # the LANTERN authors' HF-format folder is converted by the convert_target rule
@@ -92,10 +95,14 @@ def target_ckpt():
 
 
 def vq_ckpt():
+    if CHAMELEON:
+        return CH["vqgan_ckpt"]
     return toy_model("default", "vq") if TOY else LLAMAGEN["vq_ckpt"]
 
 
 def drafter_ckpt():
+    if CHAMELEON:
+        return CH["drafter"]
     if TOY:
         return toy_model("default", "drafter")
     source = drafter_source(config)
@@ -131,6 +138,8 @@ def generate_inputs(wildcards):
         inputs["neighbours"] = neighbours_table()
     if T2I:
         inputs["captions"] = f"{OUT}/llamagen/captions/shard{wildcards.shard}.pt"
+    if CHAMELEON:
+        inputs.update(prompts=f"{OUT}/chameleon/prompts.csv", tokenizer=CH["tokenizer"], vqgan_yaml=VQGAN_YAML)
     return inputs
 
 
@@ -211,6 +220,24 @@ def drafter_training_inputs(wildcards):
     return inputs
 
 
+# --- the Chameleon-family world (chameleon.smk) ---
+
+CH = config["chameleon"]
+VQGAN_YAML = CH["vqgan_yaml"] or (str(Path(CH["vqgan_ckpt"]).with_name("vqgan.yaml")) if CH["vqgan_ckpt"] else "")
+# every generate job of a Chameleon world: the family, its tokenizer and VQGAN config, its pixels and prompt slots
+CHAMELEON_ARG = (f"--family {CH['family']} --tokenizer {shlex.quote(CH['tokenizer'])} --vqgan-yaml "
+                 f"{shlex.quote(VQGAN_YAML)} --pixels {chameleon_pixels(config)} --prompt-tokens {CH['prompt_tokens']}"
+                 if CHAMELEON else "")
+
+
+def chameleon_prompt_source():
+    prompts = CH["prompts"]
+    for key, flag in (("coco_captions", "--coco"), ("caption_list", "--caption-list"), ("tsv", "--tsv")):
+        if prompts.get(key):
+            return f"{flag} {shlex.quote(prompts[key])}"
+    return "--sjd"
+
+
 # --- the latent-proximity check (proximity.smk) ---
 
 PROXIMITY = config["proximity"]
@@ -221,7 +248,7 @@ PROXIMITY_FIDELITY = evaluate_params(config, clip_ckpt())["fidelity"]
 
 
 def proximity_outputs():
-    if not PROXIMITY["enabled"]:
+    if not PROXIMITY["enabled"] or CHAMELEON:  # proximity decodes LlamaGen-family VQs only
         return []
     return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
 
@@ -277,6 +304,6 @@ check_before_jobs(
     {f"{OUT}/metrics/{m}/{p}.json": [f"{OUT}/gen/{m}/{p}/shard{j}" for j in SHARDS]
      for m in MODES for p in sorted(mode_points(POINTS, m))},
     f"{OUT}/tables",
-    vq_ckpt(),
+    "" if CHAMELEON else vq_ckpt(),  # a Chameleon shard's damaged PNGs are redrawn with the shard
     threads_arg(1),  # the generate rule's
 )

@@ -4,6 +4,8 @@
 rule neighbours:
     input:
         vq=vq_ckpt(),
+        # a Chameleon VQGAN is read through its layout's reader, checked against its vqgan.yaml
+        **({"yaml": VQGAN_YAML} if CHAMELEON else {}),
     output:
         f"{OUT}/neighbours/{{metric}}_K{{max_k}}.pt",
     log:
@@ -15,7 +17,9 @@ rule neighbours:
     conda:
         "../../environment.yml"
     shell:
-        "lantern neighbours --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
+        # other worlds' command stays as it was, so that their finished tables are not rerun for a new rule text
+        ("lantern chameleon-neighbours --vqgan-yaml {input.yaml:q}" if CHAMELEON else "lantern neighbours")
+        + " --vq {input.vq:q} --out {output:q} --params {params.p} > {log:q} 2>&1"
 
 
 # defined with shipped checkpoints too: the drafter alone can be retrained for the shipped target (see ship_toy.py

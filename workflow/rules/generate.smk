@@ -23,8 +23,8 @@ rule generate:
         dtype=config["dtype"],
         extra=lambda w, input: " ".join(
             filter(None, [optional("--drafter", input, "drafter"), optional("--neighbours", input, "neighbours"),
-                          optional("--captions", input, "captions"), SPEC_ARG,
-                          IN_JOB_ARG])
+                          optional("--captions", input, "captions"), optional("--prompts", input, "prompts"),
+                          SPEC_ARG, CHAMELEON_ARG, IN_JOB_ARG])
         ),
         batch=lambda w: config["sweep"]["batch_size"][w.mode],
         compile=str(config["compile"]).lower(),

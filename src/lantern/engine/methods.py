@@ -582,25 +582,28 @@ def drafting(spec: dict):
 
 
 def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbours_path: str | None,
-                  vq_path: str | None, device, compile: bool = False):
+                  vq_path: str | None, device, compile: bool = False, layout=None, drafter=None):
     """(cond [B] or [B, T, C], generators, cond_mask [B, T] or None) -> (tokens [B, N], [ImageStats] * B) for a
     speculative point (`lantern sample`): speculative.decode, the one loop of every drafting kind (one image is a
-    batch of one). compile: its verify forward compiled with static shapes (engine/decoding/rounds.py)."""
+    batch of one). compile: its verify forward compiled with static shapes (engine/decoding/rounds.py). layout: the
+    world's forced structural tokens (engine/models/layout.py; the table then covers its codes); drafter: one already
+    loaded (a Chameleon world's), instead of drafter_path."""
     from lantern.engine.rules.neighbours import load_neighbours, read_codebook
     from lantern.engine.decoding.speculative import decode
 
     spec = normalize(spec)
     accept, draft = rule(spec), drafting(spec)
-    if needs_drafter(spec) and not drafter_path:
+    if needs_drafter(spec) and not drafter_path and drafter is None:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs a drafter checkpoint (--drafter)")
     table = None
     if accept.table_width:  # a relaxed rule that reads neighbours (Cool-SD reads none)
         if not neighbours_path or not vq_path:
             raise UserError(f"{accept.describe()} needs a neighbour table (--neighbours) and its VQ checkpoint (--vq)")
         table = load_neighbours(neighbours_path, read_codebook(vq_path), accept.table_width)
-        if table.shape[0] != target.args.vocab_size:
+        codes = target.args.vocab_size if layout is None else layout.codebook  # a layout's head adds forced ids
+        if table.shape[0] != codes:
             raise UserError(f"neighbour table {neighbours_path} covers {table.shape[0]} codes; the target has "
-                            f"{target.args.vocab_size}")
+                            f"{codes}")
         table = table.to(device)
     if spec.get("skip") == "similarity":  # VVS compares draft paths by their codes' embeddings
         if not vq_path:
@@ -608,14 +611,16 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
         from lantern.engine.decoding.skipping import attach_codebook
 
         attach_codebook(draft, read_codebook(vq_path), target.args.vocab_size, device)
-    drafter = None
-    if needs_drafter(spec):
+    if not needs_drafter(spec):
+        drafter = None
+    elif drafter is None:
         from lantern.engine.models.drafter import load_drafter
 
         drafter = load_drafter(drafter_path, target)
 
     def run(cond, generators, cond_mask=None):
-        return decode(target, drafter, cond, params, accept, draft, generators, table, cond_mask, compile=compile)
+        return decode(target, drafter, cond, params, accept, draft, generators, table, cond_mask, compile=compile,
+                      layout=layout)
 
     return run
 

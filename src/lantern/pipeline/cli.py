@@ -19,6 +19,7 @@ COMMANDS = {
     "ambiguity": "lantern.metrics.ambiguity",
     "proximity": "lantern.metrics.proximity",
     "neighbours": "lantern.engine.rules.neighbours",
+    "chameleon-neighbours": "lantern.worlds.chameleon.neighbours",
     "methods": "lantern.engine.methods",
     "train-drafter": "lantern.pipeline.train_drafter",
     "sample": "lantern.pipeline.sample",
@@ -31,6 +32,7 @@ COMMANDS = {
     "tables": "lantern.pipeline.tables",
     "figure": "lantern.figures",
     "prompts": "lantern.worlds.llamagen.prompts",
+    "chameleon-prompts": "lantern.worlds.chameleon.prompts",
     "encode-captions": "lantern.worlds.llamagen.captions",
     "generate": "lantern.cli_generate",
 }

@@ -17,8 +17,8 @@ import yaml
 from lantern.errors import UserError
 from lantern.metrics.hpsv2 import HPSv2Params, check_hpsv2
 from lantern.params import check_device_name
-from lantern.pipeline.config_inputs import (check_chameleon_inputs, check_llamagen_inputs, check_outdir,
-                                            check_vq_downsample)
+from lantern.pipeline.config_inputs import (check_chameleon_inputs, check_chameleon_methods, check_llamagen_inputs,
+                                            check_outdir, check_vq_downsample)
 
 SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -113,6 +113,14 @@ def _fill_llamagen(cfg: dict) -> None:
 def image_tokens(cfg: dict) -> int:
     lg = cfg["llamagen"]
     return (lg["image_size"] // lg["downsample"]) ** 2
+
+
+def chameleon_pixels(cfg: dict) -> int:
+    """The Chameleon world's image side: chameleon.pixels, else its family's (Anole 512, Lumina-mGPT 768)."""
+    from lantern.worlds.chameleon.world import DEFAULT_PIXELS
+
+    ch = cfg["chameleon"]
+    return ch.get("pixels") or DEFAULT_PIXELS[ch["family"]]
 
 
 def target_spec(cfg: dict) -> dict:
@@ -248,7 +256,10 @@ def _check_sweep(cfg: dict) -> None:
 
 
 def proximity_codebooks(cfg: dict) -> dict[str, int]:
-    """The codebook of every world `lantern proximity` runs on (its job names: toy-default, toy-clean, llamagen)."""
+    """The codebook of every world `lantern proximity` runs on (its job names: toy-default, toy-clean, llamagen);
+    none in a Chameleon world (proximity decodes LlamaGen-family VQs only)."""
+    if cfg["world"] == "chameleon":
+        return {}
     if cfg["world"] == "llamagen":
         return {"llamagen": codebook_size(cfg)}
     from lantern.hparams import VQParams
@@ -476,9 +487,10 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     check_device_name(cfg["device"], "config: device")
     check_outdir(cfg)
     _fill_llamagen(cfg)
-    if cfg["world"] == "chameleon":  # the recipe's methods are checked, then every missing file named; it refuses
+    if cfg["world"] == "chameleon":  # the recipe's methods, every missing file named, then what the engine runs
         _check_methods(cfg)
         check_chameleon_inputs(cfg)
+        check_chameleon_methods(cfg, expand_methods(cfg))
     _check_paths(cfg)
     _check_methods(cfg)
     _check_metric_sizes(cfg)

@@ -182,9 +182,21 @@ def check_llamagen_inputs(cfg: dict, source: str, spec: dict, authors_target: bo
 
 
 # -- the Chameleon-family world ---------------------------------------------------------------------------------------
-CHAMELEON_NOT_YET = ("config: world chameleon: the pipeline's jobs (lantern sample, neighbours, evaluate) load toy "
-                     "and LlamaGen worlds only, so this recipe cannot run through Snakemake yet; generate its images "
-                     "from Python with lantern.load_chameleon (docs/python.md)")
+PROMPT_SETS = {"coco_captions": "MS-COCO captions_val2017.json", "caption_list": "captions_val2017_longest.json",
+               "tsv": "PartiPrompts.tsv / SJDPrompts.tsv"}
+
+
+def chameleon_prompt_set(cfg: dict) -> tuple[str, str]:
+    """(config key, path) of the prompt set a Chameleon run reads; ("chameleon.prompts.sjd", "") for SJDPrompts,
+    which ship with the code. One set, so that row i always captions image i of every point."""
+    prompts = cfg["chameleon"]["prompts"]
+    given = [k for k in PROMPT_SETS if prompts.get(k)] + (["sjd"] if prompts.get("sjd") else [])
+    if len(given) > 1:
+        raise UserError(f"config: chameleon.prompts sets {' and '.join(given)}; keep one prompt set")
+    if not given:
+        raise UserError("config: chameleon.prompts names no prompt set; set coco_captions (the authors' run.sh), "
+                        "caption_list, tsv, or sjd: true")
+    return f"chameleon.prompts.{given[0]}", prompts[given[0]] if given[0] != "sjd" else ""
 
 
 def chameleon_files(cfg: dict) -> list[tuple[str, str, str]]:
@@ -194,8 +206,10 @@ def chameleon_files(cfg: dict) -> list[tuple[str, str, str]]:
     drafted = any(x["name"] != "vanilla" and x.get("drafting", "chain") != "jacobi" for x in cfg["sweep"]["methods"])
     yaml_path = ch["vqgan_yaml"] or (str(Path(ch["vqgan_ckpt"]).with_name("vqgan.yaml")) if ch["vqgan_ckpt"] else "")
     files = [("chameleon.target", ch["target"], "folder"), ("chameleon.vqgan_ckpt", ch["vqgan_ckpt"], "file"),
-             ("chameleon.vqgan_yaml", yaml_path, "file"), ("chameleon.tokenizer", ch["tokenizer"], "file"),
-             ("chameleon.prompts.coco_captions", ch["prompts"]["coco_captions"], "file")]
+             ("chameleon.vqgan_yaml", yaml_path, "file"), ("chameleon.tokenizer", ch["tokenizer"], "file")]
+    key, path = chameleon_prompt_set(cfg)
+    if path:
+        files.append((key, path, "file"))
     if drafted:
         files.insert(1, ("chameleon.drafter", ch["drafter"], "folder"))
     files.append(("metrics.reference", m["reference"], "folder" if not m["reference"].endswith(".npz") else "file"))
@@ -211,13 +225,40 @@ def chameleon_files(cfg: dict) -> list[tuple[str, str, str]]:
 
 
 def check_chameleon_inputs(cfg: dict) -> None:
-    """Names every missing input of a Chameleon run, one line each, then says that the pipeline cannot run the
-    world yet: it always refuses, so that no recipe validates and then fails in its first job."""
+    """Names every missing input of a Chameleon run, one line each, and refuses when any is missing; then checks
+    that the prompt set holds sweep.n_images prompts."""
     missing = []
     for key, path, kind in chameleon_files(cfg):
         there = bool(path) and (Path(path).is_dir() if kind == "folder" else Path(path).is_file())
         if not there:
             missing.append(f"  {key}: {kind} {path} does not exist" if path else f"  {key} is empty; set it")
-    head = [f"config: world chameleon ({cfg['chameleon']['family']}): {len(missing)} input(s) to place (or fix "
-            "the paths):", *missing] if missing else []
-    raise UserError("\n".join([*head, CHAMELEON_NOT_YET]))
+    if missing:
+        raise UserError("\n".join([f"config: world chameleon ({cfg['chameleon']['family']}): {len(missing)} input(s) "
+                                   "to place (or fix the paths):", *missing]))
+    from lantern.worlds.chameleon.prompts import prompt_set
+
+    key, path = chameleon_prompt_set(cfg)
+    try:
+        rows = prompt_set(key.rsplit(".", 1)[1], path, f"config: {key}")
+    except UserError as e:
+        raise UserError(str(e) if str(e).startswith("config: ") else f"config: {e}") from None
+    n = cfg["sweep"]["n_images"]
+    if len(rows) < n:
+        raise UserError(f"config: sweep.n_images = {n} asks for more prompts than {key} {path or '(SJDPrompts)'} "
+                        f"holds ({len(rows)}); lower sweep.n_images to <= {len(rows)} or give more prompts")
+
+
+def check_chameleon_methods(cfg: dict, points: dict[str, dict]) -> None:
+    """A family whose layout forces structural tokens (Lumina-mGPT) runs only the methods the engine runs under a
+    layout (engine/decoding/kinds.layout_supported / layout_refusal, asked here): any other point is one line naming it."""
+    if cfg["chameleon"]["family"] != "lumina-mgpt":
+        return  # Anole: codes only, every method runs
+    from lantern.engine.decoding import kinds
+    from lantern.engine.methods import drafting, speculative
+
+    compile = cfg["compile"] is True  # auto runs a layout's speculative rounds eager
+    for name, spec in points.items():
+        if speculative(spec) and not kinds.layout_supported(drafting(spec), compile):
+            why = kinds.layout_refusal(drafting(spec), compile) or "the engine refuses it"
+            raise UserError(f"config: sweep point {name} does not run under Lumina-mGPT's layout (forced structural "
+                            f"tokens): {why}; or drop it from sweep.methods (docs/chameleon-layout.md)")

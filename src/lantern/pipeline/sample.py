@@ -48,6 +48,8 @@ from lantern.metrics.shards import RECORD, STATS_RECORD, image_name, image_recor
 from lantern.worlds.llamagen.upstream import load_gpt
 from lantern.metrics.speed import ALONE, ALONE_REFERENCE, IN_JOB_REFERENCE
 from lantern.pipeline.progress import Progress
+from lantern.pipeline.sample_chameleon import add_arguments as add_chameleon_arguments, chameleon_job
+from lantern.pipeline.sample_chameleon import identity as chameleon_identity
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -186,7 +188,8 @@ def job_identity(a) -> dict:
             "seed": a.seed, "labels": a.labels, "device": a.device, "dtype": a.dtype, "files": files,
             "target_spec": read_structured(a.target_spec, "--target-spec"), "in_job_vanilla": a.in_job_vanilla,
             "in_job_vanilla_every": a.in_job_vanilla_every, "batch_size": a.batch_size,
-            "latency_images": a.latency_images, "compile": a.compile, "pad_semantics": a.pad_semantics}
+            "latency_images": a.latency_images, "compile": a.compile, "pad_semantics": a.pad_semantics,
+            **({"chameleon": chameleon_identity(a)} if a.family else {})}
 
 
 def read_json(path: Path):
@@ -285,8 +288,9 @@ def aligned_batches(start: int, end: int, size: int) -> list[list[int]]:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="lantern sample", description=__doc__)
-    ap.add_argument("--target", required=True, help="GPT checkpoint")
-    ap.add_argument("--vq", required=True, help="VQ checkpoint used to decode tokens into images")
+    ap.add_argument("--target", required=True, help="GPT checkpoint (with --family: the HF target folder)")
+    ap.add_argument("--vq", required=True, help="VQ checkpoint used to decode tokens into images (with --family: "
+                    "the VQGAN's vqgan.ckpt)")
     ap.add_argument("--drafter", help="drafter checkpoint (speculative methods)")
     ap.add_argument("--neighbours", help="neighbour table (lantern / lanternpp)")
     ap.add_argument("--method", default='{"name": "vanilla"}', help="method spec (JSON/YAML or file)")
@@ -326,9 +330,24 @@ def parse_args(argv):
                          "(global batch index = first image // --batch-size; the offset in a block is drawn from the "
                          "block's index, so any shard agrees); the speed-up pairs those images' times with the "
                          "method's. With --latency-images, also one image in each block of N of those decoded alone")
+    add_chameleon_arguments(ap)
     ap.add_argument("--quiet", action="store_true", help="no progress lines (images done, images/s, ETA, tau so "
                     "far; on stderr: a bar on a terminal, else a line every 30 s)")
     return ap.parse_args(argv)
+
+
+def llamagen_job(a, method: dict, params: SamplingParams, device: torch.device, spec):
+    """(decoder, condition, pixels of codes [1, N] -> uint8 [H, W, 3]) of a toy or LlamaGen world's job."""
+    from lantern.worlds.llamagen.upstream import load_vq
+
+    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile,
+                      a.pad_semantics)
+    condition = Conditions(a, decoder.target)
+    vq = load_vq(a.vq, device=str(device))
+    if decoder.target.args.vocab_size != vq.args.codebook_size:
+        raise UserError(f"--target {a.target} predicts {decoder.target.args.vocab_size} codes, but --vq {a.vq} decodes "
+                        f"{vq.args.codebook_size}; give the VQ the target was trained with")
+    return decoder, condition, lambda codes: to_uint8(vq.decode_code(codes))[0]
 
 
 def main(argv: list[str]) -> None:
@@ -346,20 +365,15 @@ def main(argv: list[str]) -> None:
         torch.set_num_threads(a.threads)
     device = parse_device(a.device)
     configure_determinism(device)  # before any CUDA kernel (cuBLAS reads its workspace setting once)
-    for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
-        if path and not Path(path).is_file():
-            raise not_a_file(what, path)
     spec = read_structured(a.target_spec, "--target-spec")
-
-    from lantern.worlds.llamagen.upstream import load_vq
-
-    decoder = Decoder(method, params, a.target, device, a.dtype, a.drafter, a.neighbours, a.vq, spec, a.compile,
-                      a.pad_semantics)
-    condition = Conditions(a, decoder.target)
-    vq = load_vq(a.vq, device=str(device))
-    if decoder.target.args.vocab_size != vq.args.codebook_size:
-        raise UserError(f"--target {a.target} predicts {decoder.target.args.vocab_size} codes, but --vq {a.vq} decodes "
-                        f"{vq.args.codebook_size}; give the VQ the target was trained with")
+    world = {}  # the manifest's keys of a Chameleon world
+    if a.family:  # the world's own loader names every missing file (its target is a folder)
+        decoder, condition, pixels, world = chameleon_job(a, method, params, device)
+    else:
+        for path, what in ((a.target, "--target"), (a.vq, "--vq"), (a.captions, "--captions")):
+            if path and not Path(path).is_file():
+                raise not_a_file(what, path)
+        decoder, condition, pixels = llamagen_job(a, method, params, device, spec)
 
     out, partial = Path(a.out), Path(f"{a.out}.partial")
     resume_or_restart(partial, job_identity(a))
@@ -387,7 +401,7 @@ def main(argv: list[str]) -> None:
         alone = size < a.batch_size
         for b, i in enumerate(batch):
             with torch.no_grad():  # one image at a time: its pixels never depend on the batch
-                image = to_uint8(vq.decode_code(tokens[b : b + 1].to(device)))[0]
+                image = pixels(tokens[b : b + 1].to(device))
             digest = save_png(image, partial / "images" / image_name(i))
             row = {"image_index": i, "seed": image_seed(a.seed, i), **condition.describe(i), "method": method["name"],
                    "mode": a.mode, **stats[b].row(), "tokens": " ".join(map(str, tokens[b].tolist()))}
@@ -413,7 +427,7 @@ def main(argv: list[str]) -> None:
         "compile": decoder.compile, "pad_semantics": decoder.pad_semantics,
         "target": a.target, "vq": a.vq,
         "drafter": a.drafter, "neighbours": a.neighbours, "target_spec": spec,
-        "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None,
+        "captions": {"path": a.captions, "sha256": sha256_file(a.captions)} if a.captions else None, **world,
         RECORD: images, STATS_RECORD: stats_record(partial / "stats.csv", len(rows)),
         "wall_s_this_run": time.time() - started,
         "environment": environment(device),

@@ -121,6 +121,18 @@ def accepted_mask(accepted: np.ndarray, n_tokens: int, where: str = "") -> np.nd
     return mask
 
 
+def authors_tau(layout: dict, target_forwards: pd.Series, plain: bool) -> float:
+    """The LANTERN authors' tau of a point in a layout world (engine/models/layout.tau_authors: every generated step
+    after the first, forced tokens included, per verify forward), pooled over its images as their mean over all
+    verify rounds is; NaN for plain AR, which has no verify round."""
+    from lantern.engine.models.layout import Layout, tau_authors
+
+    if plain:
+        return math.nan
+    lay = Layout(**{**layout, "prefix": tuple(layout.get("prefix", ()))})
+    return tau_authors(lay, float(target_forwards.mean()))  # (steps - 1) / (mean forwards - 1): the pooled ratio
+
+
 def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
                ) -> tuple[dict, pd.DataFrame, pd.DataFrame | None, list[dict]]:
     """(sweep row without the vanilla-relative columns, positions rows, depth-histogram rows, rounds rows) of one
@@ -169,6 +181,8 @@ def point_rows(mode: str, point: str, shards: list[tuple[pd.DataFrame, dict]]
     if all_depths.size:
         row.update(accepted_depth_mean=all_depths.mean(), accepted_depth_p50=np.percentile(all_depths, 50),
                    accepted_depth_p90=np.percentile(all_depths, 90), accepted_depth_max=all_depths.max())
+    if manifest.get("layout"):  # a world with forced structural tokens (Lumina-mGPT): the authors' count beside ours
+        row["tau_authors"] = authors_tau(manifest["layout"], stats["target_forwards"], row["name"] == "vanilla")
     drafted = [parse_ints(v) for v in stats["tree_depth"]] if "tree_depth" in stats else []
     if any(a.size for a in drafted):
         row["tree_depth_mean"] = np.concatenate(drafted).mean()

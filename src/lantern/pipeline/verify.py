@@ -137,10 +137,13 @@ def png_restorer(vq_path: str, threads: int):
     """restore(shard, names, manifest) -> whether every named PNG was redrawn from the tokens its stats.csv row
     holds, decoded by the VQ alone as `lantern sample` decodes it, and found to hold its recorded sha256 (then
     written under the manifest's time, so nothing that read the shard is rerun). A decode that differs (another
-    device or thread count) restores nothing: the shard is then redrawn."""
+    device or thread count) restores nothing: the shard is then redrawn; so does an empty `vq_path` (a Chameleon
+    world, whose VQGAN this restorer does not decode)."""
     state: dict = {}
 
     def restore(shard: Path, names: list[str], manifest: dict) -> bool:
+        if not vq_path:
+            return False
         import hashlib
         import io
 

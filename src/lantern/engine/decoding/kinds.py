@@ -23,22 +23,30 @@ from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
 
 
-def layout_refusal(drafting, drafter, compile: bool, layout: Layout, rule: AcceptRule) -> str | None:
-    """Why rounds cannot decode under a layout with forced tokens (docs/chameleon-layout.md), or None: chain, tree
-    and Jacobi rounds can, eager or compiled; SJD-PAC's proactive tree and skipped verifies (VVS) cannot yet."""
+def layout_refusal(drafting, compile: bool = False, rule: AcceptRule | None = None, codebook: int | None = None,
+                   drafter: bool = True) -> str | None:
+    """Why rounds cannot decode `drafting` (None: plain AR) under a layout with forced tokens
+    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled; SJD-PAC's
+    proactive tree and skipped verifies (VVS) cannot yet. The one condition: rounds_for applies it, and the config
+    check asks it (through layout_supported) before any job, so both follow what is built."""
+    if drafting is None or (isinstance(drafting, Jacobi) and not isinstance(drafting, ProactiveJacobi)):
+        return None
     if isinstance(drafting, ProactiveJacobi):
         return "SJD-PAC's proactive tree does not run under a layout yet; leave proactive out"
-    if isinstance(drafting, Jacobi):
-        return None
-    if drafter is None:
+    if not drafter:
         return f"{type(drafting).__name__} drafting needs a drafter"
     if skips(drafting):
         return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
-    if compile and not graph_capturable(rule):
+    if compile and rule is not None and not graph_capturable(rule):
         return f"{rule.describe()} has no compiled round; decode with compile off"
-    if isinstance(drafting, (StaticTree, DynamicTree)) and drafting.max_rank >= layout.codebook:
-        return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {layout.codebook} image codes"
+    if isinstance(drafting, (StaticTree, DynamicTree)) and codebook is not None and drafting.max_rank >= codebook:
+        return f"{drafting.describe()} drafts rank {drafting.max_rank}, beyond the {codebook} image codes"
     return None
+
+
+def layout_supported(drafting, compile: bool = False) -> bool:
+    """Whether rounds_for runs `drafting` (None: plain AR) under a layout with forced structural tokens."""
+    return layout_refusal(drafting, compile) is None
 
 
 def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: AcceptRule, table: Tensor | None,
@@ -48,7 +56,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the rounds
     `layout_refusal` allows. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
     if layout is not None:
-        refused = layout_refusal(drafting, drafter, compile, layout, rule)
+        refused = layout_refusal(drafting, compile, rule, layout.codebook, drafter is not None)
         if refused:
             raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
     if isinstance(drafting, ProactiveJacobi):

@@ -193,8 +193,10 @@ def load_neighbours(path: str | Path, codebook: Tensor, k: int, metric: str | No
     return table[:, :k].clone()  # a copy, so the unused columns are freed
 
 
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="lantern neighbours", description=__doc__)
+def main(argv: list[str], codebook_of=None, prog: str = "lantern neighbours") -> None:
+    """`lantern neighbours`; codebook_of(path) reads --vq's codebook (default read_codebook: a world's own reader,
+    such as the Chameleon VQGAN's, checks its file against its config)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__)
     ap.add_argument("--vq", required=True, help="VQ checkpoint holding quantize.embedding.weight")
     ap.add_argument("--out", required=True, help="output table (.pt)")
     ap.add_argument("--params", default=None, help="NeighbourParams: metric (l2|cosine), k, chunk (JSON/YAML or file)")
@@ -203,7 +205,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--authors-out", default=None, help="also write the table as the authors' uint16 .npy")
     a = ap.parse_args(argv)
     params = params_from(read_structured(a.params), NeighbourParams)
-    codebook = read_codebook(a.vq)
+    codebook = (codebook_of or read_codebook)(a.vq)
     if params.k > codebook.shape[0] - 1 and not a.from_authors:
         raise UserError(f"neighbours k={params.k} exceeds the {codebook.shape[0] - 1} other codes of {a.vq}; lower k")
     rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731 - peak so far

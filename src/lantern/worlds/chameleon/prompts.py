@@ -21,6 +21,7 @@ captions_val2017.json by lantern.worlds.llamagen.prompts.coco_longest, the same 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
@@ -150,3 +151,39 @@ def read_caption_list(path: str | Path, flag: str = "--captions") -> list[tuple[
         raise UserError(f"{where} is not a JSON list of caption strings (as the authors' preprocess.py writes); for "
                         "MS-COCO's own captions_val2017.json use `lantern prompts --coco`")
     return checked_rows([(str(i), c) for i, c in enumerate(data)], where)
+
+
+def prompt_set(kind: str, path: str | Path | None = None, flag: str | None = None) -> list[tuple[str, str]]:
+    """(id, caption) rows of a prompt set: coco_captions (MS-COCO's captions_val2017.json, the longest caption per
+    image as the authors' preprocess.py picks it), caption_list (their captions_val2017_longest.json), tsv
+    (PartiPrompts.tsv / SJDPrompts.tsv) or sjd (SJDPrompts, no file)."""
+    from lantern.worlds.llamagen.prompts import coco_longest
+
+    readers = {"coco_captions": coco_longest, "caption_list": read_caption_list, "tsv": read_prompt_tsv}
+    if kind == "sjd":
+        return sjd_prompts()
+    if kind not in readers:
+        raise UserError(f"prompt set {kind!r} is not one of {', '.join([*readers, 'sjd'])}")
+    return readers[kind](path, flag) if flag else readers[kind](path)
+
+
+def main(argv: list[str]) -> None:
+    """`lantern chameleon-prompts`: a Chameleon run's prompt table (id,caption; row i captions image i) from one of
+    the authors' prompt sets, written as `lantern prompts` writes it."""
+    from lantern.worlds.llamagen.prompts import first_n, write_prompts
+
+    ap = argparse.ArgumentParser(prog="lantern chameleon-prompts", description=main.__doc__)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--coco", help="MS-COCO captions annotation file (captions_val2017.json)")
+    src.add_argument("--caption-list", help="the authors' captions_val2017_longest.json (a JSON list of captions)")
+    src.add_argument("--tsv", help="a prompt TSV with a Prompt column (PartiPrompts.tsv, SJDPrompts.tsv)")
+    src.add_argument("--sjd", action="store_true", help="SJDPrompts (the 10 prompts of the authors' list)")
+    ap.add_argument("--n", type=int, help="keep the first N prompts (default: all)")
+    ap.add_argument("--out", required=True, help="prompt table CSV (id,caption)")
+    a = ap.parse_args(argv)
+    kind, path, flag = next((k, p, f) for k, p, f in (("coco_captions", a.coco, "--coco"),
+                                                      ("caption_list", a.caption_list, "--caption-list"),
+                                                      ("tsv", a.tsv, "--tsv"), ("sjd", None, "--sjd")) if p or k == "sjd")
+    rows = first_n(prompt_set(kind, path, flag), a.n, f"{flag} {path}" if path else flag)
+    write_prompts(rows, a.out)
+    print(f"wrote {len(rows)} prompts to {a.out}")
