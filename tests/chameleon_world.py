@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from llamagen_world import _images, _inception_weights
+from tiny_openclip import write_tiny_openclip
 from tiny_chameleon import write_world
 
 # words of the test vocabulary (tests/test_chameleon_text.WORDS) and unknown ones (<unk>): prompts of several lengths
@@ -22,5 +23,6 @@ def build_chameleon_world(root: Path) -> dict[str, str]:
     (root / "captions_val2017.json").write_text(json.dumps({"annotations": annotations}))
     _images(root / "reference", 6, seed=3, size=96)
     _inception_weights(root / "inception.pth")
+    hps, _ = write_tiny_openclip(root / "hps")  # HPS v2.1's checkpoint layout, a tiny random OpenCLIP
     return {**files, "coco": str(root / "captions_val2017.json"), "reference": str(root / "reference"),
-            "inception": str(root / "inception.pth")}
+            "inception": str(root / "inception.pth"), "hpsv2": str(hps)}

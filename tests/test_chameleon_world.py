@@ -21,10 +21,9 @@ CHAINS = [{"name": "vanilla"},
           {"name": "exact", "drafting": "chain", "gamma": 3},
           {"name": "lantern", "drafting": "chain", "gamma": 3, "delta": 0.2, "k": 20},
           {"name": "lanternpp", "drafting": "chain", "gamma": 3, "k": 10, "lam": 5}]
-# Anole has no forced token: trees and Jacobi windows run as for LlamaGen
-ANOLE_ONLY = [{"name": "lanternpp", "drafting": "static", "tree": "mc_sim_7b_63", "k": 10, "lam": 5,
-               "residual": "reference"},
-              {"name": "exact", "drafting": "jacobi", "window": 4}]
+# the authors' static tree and the Jacobi peers: under Lumina's forced tokens as under Anole's plain grid
+TREES_AND_WINDOWS = [{"name": "lanternpp", "drafting": "static", "tree": "mc_sim_7b_63", "k": 10, "lam": 5},
+                     {"name": "exact", "drafting": "jacobi", "window": 4, "coupling": ["independent", "maximal"]}]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,8 @@ def overlay(world: dict, family: str) -> dict:
     """What a user with the real files changes in a recipe (paths), plus a sweep small enough for a CPU: 64 px is a
     4 x 4 code grid (the tiny VQGAN draws it as 8 x 8 px)."""
     residual = "lumina" if family == "lumina-mgpt" else "reference"
-    methods = [dict(m, residual=residual) if m["name"] in ("lantern", "lanternpp") else m for m in CHAINS]
+    methods = [dict(m, residual=residual) if m["name"] in ("lantern", "lanternpp") else m
+               for m in CHAINS + TREES_AND_WINDOWS]
     return {
         "outdir": "results", "device": "cpu", "dtype": "fp32", "threads": 1,
         "chameleon": {"family": family, "target": world["target"], "drafter": world["drafter"],
@@ -45,9 +45,10 @@ def overlay(world: dict, family: str) -> dict:
         "neighbours": {"max_k": 21},
         "sweep": {"n_images": 4, "shards": 2, "in_job_vanilla": True, "modes": ["sampling"],
                   "batch_size": {"sampling": 2, "greedy": 2}, "latency_images": 2,
-                  "methods": methods + (ANOLE_ONLY if family == "anole" else [])},
+                  "methods": methods},
         "metrics": {"reference": world["reference"], "inception_weights": world["inception"], "vgg16_weights": "",
-                    "clip_model": "toy", "clip_ckpt": ""},
+                    "clip_model": "toy", "clip_ckpt": "",
+                    "hpsv2": {"enabled": True, "model": "", "weights_path": world["hpsv2"]}},
     }
 
 
@@ -64,7 +65,7 @@ def test_recipe_runs_the_whole_dag(world, tmp_path, family):
     assert torch.equal(table["neighbours"].long(), nearest_neighbours(codebook, 21, "l2").long())
     sweep = pd.read_csv(out / "tables" / "sweep.csv").set_index("point")
     points = sorted(p.name for p in (out / "gen" / "sampling").iterdir())
-    assert len(points) == len(overlay(world, family)["sweep"]["methods"]) + 1  # + vanilla's control point
+    assert len(points) == len(CHAINS) + 3 + 1  # the Jacobi point's two couplings, vanilla's control point
     assert set(points) <= set(sweep.index)
     for point in points:
         shards = sorted((out / "gen" / "sampling" / point).glob("shard*"))
@@ -76,6 +77,7 @@ def test_recipe_runs_the_whole_dag(world, tmp_path, family):
         manifest = json.loads((shards[0] / "manifest.json").read_text())
         assert manifest["chameleon"]["family"] == family and (manifest["layout"] is None) == (family == "anole")
     assert np.isfinite(sweep["fid"]).all() and np.isfinite(sweep["clip_score"]).all()
+    assert np.isfinite(sweep["hpsv2"]).all()  # HPS v2.1 from a tiny random OpenCLIP, each image against its caption
     if family == "lumina-mgpt":
         drafted = sweep[sweep["name"] != "vanilla"]
         # (21 generated steps - 1) / (target forwards - 1), beside ours (16 codes / target forwards)
@@ -99,20 +101,20 @@ def sample_args(world: dict, tmp_path, method: dict, compile: str = "auto") -> l
 
 
 def test_sample_under_luminas_layout_runs_eager_under_auto_and_refuses_the_rest(world, tmp_path, monkeypatch):
-    """As on CUDA (compile auto would compile): a chain under the layout runs eager, recorded in the manifest;
-    compile true and a static tree are refused in one line before any decode."""
+    """As on CUDA (compile auto would compile): a chain and a static tree under the layout run eager, recorded in the
+    manifest; SJD-PAC's proactive tree and VVS's skipped verifies are refused in one line before any decode."""
     from lantern.engine.decoding import compiled
     from lantern.errors import UserError
     from lantern.pipeline import sample
 
     monkeypatch.setattr(compiled, "resolve", lambda option, device: option in ("auto", None, True))
-    chain = {"name": "exact", "drafting": "chain", "gamma": 3}
-    sample.main(sample_args(world, tmp_path, chain))
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["compile"] is False and manifest["layout"]["eol"] == 8192
-    assert pd.read_csv(tmp_path / "out" / "stats.csv")["caption"].tolist() == CAPTIONS[:1]
-    for method, compile, words in ((chain, "true", "compiled"), ({"name": "exact", "drafting": "static"}, "auto",
-                                                                  "static drafting")):
+    for method in ({"name": "exact", "drafting": "chain", "gamma": 3}, {"name": "exact", "drafting": "static"}):
+        sample.main(sample_args(world, tmp_path, method))
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        assert manifest["compile"] is False and manifest["layout"]["eol"] == 8192
+        assert pd.read_csv(tmp_path / "out" / "stats.csv")["caption"].tolist() == CAPTIONS[:1]
+    for method, words in (({"name": "exact", "drafting": "jacobi", "proactive": 2}, "proactive"),
+                          ({"name": "exact", "drafting": "chain", "skip": "every", "skip_every": 2}, "VVS")):
         with pytest.raises(UserError) as e:
-            sample.main(sample_args(world, tmp_path, method, compile))
+            sample.main(sample_args(world, tmp_path, method))
         assert "\n" not in str(e.value) and words in str(e.value) and "layout" in str(e.value)

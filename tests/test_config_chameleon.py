@@ -1,6 +1,7 @@
 """The Chameleon recipes (config/lumina-mgpt.yaml, config/anole.yaml): their settings as the authors run them, a
 config check that names every file to place, one line each, refuses only when one is missing, and then refuses, in
 one line, a sweep point the engine cannot run under the family's layout (asking engine/decoding/kinds.py)."""
+import copy
 import json
 import subprocess
 import sys
@@ -69,29 +70,33 @@ def test_with_every_file_placed_anole_validates(tmp_path):
     assert {p.get("drafting") for p in expand_methods(cfg).values()} >= {"static", "dynamic", "jacobi", "chain"}
 
 
-def test_lumina_refuses_in_one_line_what_the_engine_cannot_run_under_its_layout(tmp_path):
-    cfg = placed("lumina-mgpt", tmp_path)
-    lines = refusal(cfg)
-    assert len(lines) == 1 and "exact-static-mc_sim_7b_63 (static drafting) does not run under Lumina-mGPT's " \
-        "layout" in lines[0] and "drop it from sweep.methods" in lines[0]
-    chains = [{"name": "vanilla"}, {"name": "lanternpp", "drafting": "chain", "gamma": 4, "k": 10, "lam": 5,
-                                    "residual": "lumina"},
-              {"name": "coolsd", "drafting": "chain", "gamma": 4, "scale": 2, "nu": 0.1}]
-    cfg["sweep"]["methods"] = chains
-    assert validate_config(cfg)["world"] == "chameleon"  # the overlay the recipe's header suggests runs
+def test_lumina_validates_its_recipe_and_refuses_in_one_line_what_the_engine_cannot_run(tmp_path):
+    """The authors' recipe (static trees, Jacobi windows, chains) validates with its files placed, compiled too; a point
+    the engine does not run under Lumina's forced tokens (kinds.layout_refusal) is one line naming it and why."""
+    base = placed("lumina-mgpt", tmp_path)
+    assert len(expand_methods(validate_config(copy.deepcopy(base)))) > 10
+    for point, why in (({"name": "exact", "drafting": "jacobi", "window": 16, "proactive": 4}, "proactive tree"),
+                       ({"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3, "skip": "every",
+                         "skip_every": 5}, "skipped verifies (VVS)")):
+        cfg = copy.deepcopy(base)
+        cfg["sweep"]["methods"] = [{"name": "vanilla"}, point]
+        (line,) = refusal(cfg)
+        assert "does not run under Lumina-mGPT's layout" in line and why in line and "drop it" in line, line
+    cfg = copy.deepcopy(base)
     cfg["compile"] = True
-    (line,) = refusal(cfg)
-    assert "compiled) does not run" in line and "set compile: auto" in line
+    assert validate_config(cfg)["compile"] is True
 
 
 def test_the_config_check_follows_the_engine(tmp_path, monkeypatch):
-    """The refusal is the engine's own condition: once the engine runs trees and Jacobi under a layout
-    (kinds.layout_supported says so), the authors' recipe validates unchanged."""
+    """The refusal is the engine's own condition: were the engine to refuse static trees under a layout
+    (kinds.layout_supported), the authors' recipe would be refused at its first tree point."""
     from lantern.engine.decoding import kinds
 
     cfg = placed("lumina-mgpt", tmp_path)
-    monkeypatch.setattr(kinds, "layout_supported", lambda drafting, compile=False: True)
-    assert len(expand_methods(validate_config(cfg))) > 10
+    monkeypatch.setattr(kinds, "layout_supported", lambda drafting, compile=False: drafting is None or
+                        type(drafting).__name__ != "StaticTree")
+    (line,) = refusal(cfg)
+    assert "exact-static-mc_sim_7b_63 does not run under Lumina-mGPT's layout" in line
 
 
 def test_fewer_prompts_than_images_is_one_line(tmp_path):
