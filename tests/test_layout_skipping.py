@@ -191,6 +191,56 @@ def test_the_target_reads_the_authors_sequence_after_skipped_rounds(one_thread, 
     assert sum(int((w == LONG.eol).sum()) for w in waited) >= 2
 
 
+def catch_ups(drafter, monkeypatch):
+    """Wraps the drafter's catch-up forwards (a round's first drafter forward, chains' and trees'): a list of their
+    (ids, pos, rows), each input's id read back from its embedding (-1: none, the condition's inputs and padding)."""
+    calls, catching, draft, forward = [], [], Schedule.draft, drafter.forward_rows
+    table = drafter.embed_tokens(torch.arange(drafter.tok_embeddings.num_embeddings))
+
+    def flagged(self, images):
+        catching.append(True)
+        return draft(self, images)
+
+    def forward_rows(emb, hidden, pos, slots, visible, rows=None):
+        if catching:
+            catching.clear()
+            match = (emb[..., None, :] == table).all(-1)
+            calls.append((torch.where(match.any(-1), match.int().argmax(-1), -1), pos.clone(), rows))
+        return forward(emb, hidden, pos, slots, visible, rows)
+
+    monkeypatch.setattr(Schedule, "draft", flagged)
+    monkeypatch.setattr(drafter, "forward_rows", forward_rows)
+    return calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_drafter_catches_up_on_the_authors_sequence(one_thread, long_pair, kind, monkeypatch):
+    """The drafter's input at position p is the token at p + 1 (EAGLE's pairing): every catch-up of sampled VVS rounds
+    (every 2nd skipped) feeds, and finds below its first input, the authors' sequence of the final codes shifted by
+    one, eol tokens included, also after a skipped round that committed codes across a row end."""
+    target, drafter = long_pair
+    params, cond, T = SamplingParams(cfg_scale=2.0, top_k=10), torch.arange(4) % 4, target.args.cls_token_num
+    calls = catch_ups(drafter, monkeypatch)
+    codes, stats = decode(target, drafter, cond, params, RULES["lantern"], shape(kind, 2), gens(4, 4), TABLE,
+                          layout=LONG)
+    monkeypatch.undo()
+    assert all(s.skipped_rounds > 0 for s in stats)
+    truth = codes_to_ids(LONG, codes).repeat(2, 1)
+    cache, checked = {}, 0
+    for ids, pos, rows in calls:
+        rows = list(range(ids.shape[0])) if rows is None else rows.tolist()
+        for b, row in enumerate(rows):
+            real = ids[b] >= 0
+            first, mine = int(pos[b][real].min()), cache.setdefault(row, {})
+            for q in range(T, first):
+                assert mine.get(q) == int(truth[row, q + 1 - T]), f"drafter row {row}, position {q}"
+            for p, i in zip(pos[b][real].tolist(), ids[b][real].tolist()):  # its own inputs: committed tokens
+                assert i == int(truth[row, p + 1 - T]), f"drafter row {row}, input at position {p}"
+                mine[p] = i
+                checked += i == LONG.eol
+    assert checked >= 8  # eol inputs: each image's two rows at least once, on average
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_check_sees_a_missing_eol(one_thread, long_pair, kind, monkeypatch):
     """check_cache fails when a skipped round's eol is not fed: the unverified inputs with each eol replaced by a
