@@ -610,7 +610,8 @@ def build_decoder(spec: dict, params, target, drafter_path: str | None, neighbou
             raise UserError("skip: similarity needs the VQ checkpoint (--vq) for its codebook")
         from lantern.engine.decoding.skipping import attach_codebook
 
-        attach_codebook(draft, read_codebook(vq_path), target.args.vocab_size, device)
+        codes = target.args.vocab_size if layout is None else layout.codebook  # trees draft codes under a layout
+        attach_codebook(draft, read_codebook(vq_path), codes, device)
     if not needs_drafter(spec):
         drafter = None
     elif drafter is None:

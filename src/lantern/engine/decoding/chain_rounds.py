@@ -134,7 +134,7 @@ class ChainRounds(DrafterRounds):
             self.Q, geometry = code_positions(layout, T, done - 1), slot_geometry(layout, done, gamma)
             steps = [code_steps(layout, im.n + g - 1) - code_steps(layout, im.n - 1) for im, g in zip(images, self.g)]
             self.rows_verified = [verify_rows(layout, im.n, g) for im, g in zip(images, self.g)]
-        self.geometry = geometry
+        self.geometry, self.steps = geometry, steps  # steps: the slots after y each image's drafts span
         out = step(self.drafter, emb, hidden, pos, slots, visible, None if self.static else self.rows,
                    (pending - 1).clamp(min=0), self.Q, done, gs, u, params, gamma if self.static else max(steps),
                    layout, geometry, **({"states": True} if self.drafter_states else {}))
@@ -148,20 +148,26 @@ class ChainRounds(DrafterRounds):
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One target forward over every active image's [y, drafts]: (logits, hidden) [R * n, 1 + G, ...] (width:
         target_forward's static shape)."""
-        R, layout = images[0].pend_emb.shape[0], self.layout
-        y = self.buf[self.index, self.done - 1]
-        if layout is None:
-            seq, lengths = torch.cat([y[:, None], self.X], 1), self.gs + 1
-        else:  # y, then the slots after it: drafts and the forced tokens between them, up to the bonus code's row
-            forced, code_slot, _ = self.geometry
-            ids = slot_ids(layout, forced, code_slot, self.X)
-            seq = torch.cat([(y + layout.code_offset)[:, None], ids], 1)[:, : max(self.rows_verified)]
-            (lengths,) = to_device(self.device, self.rows_verified)
+        R = images[0].pend_emb.shape[0]
+        seq, lengths = self.verify_ids()
         self.seq = seq
         pos, slots, visible = ragged(self.Q, lengths, seq.shape[1], R, self.target.cache_len)
         for im in images:
             im.stats.target_forwards += 1
         return target_forward(self.target, self.rows, in_rows(seq, R), pos, slots, visible, width)
+
+    def verify_ids(self) -> tuple[Tensor, Tensor]:
+        """Every active image's verify inputs, as the target's ids [n, S]: y, then its drafts (under a layout: the
+        slots after y, drafts and the forced tokens between them, up to the bonus code's row), and their lengths
+        [n] on the device."""
+        layout = self.layout
+        y = self.buf[self.index, self.done - 1]
+        if layout is None:
+            return torch.cat([y[:, None], self.X], 1), self.gs + 1
+        forced, code_slot, _ = self.geometry
+        ids = slot_ids(layout, forced, code_slot, self.X)
+        (lengths,) = to_device(self.device, self.rows_verified)
+        return torch.cat([(y + layout.code_offset)[:, None], ids], 1)[:, : max(self.rows_verified)], lengths
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """Acceptance and the next token of every active image on the device, then the one read of the round."""

@@ -26,8 +26,8 @@ from lantern.errors import UserError
 def layout_refusal(drafting, compile: bool = False, rule: AcceptRule | None = None, codebook: int | None = None,
                    drafter: bool = True) -> str | None:
     """Why rounds cannot decode `drafting` (None: plain AR) under a layout with forced tokens
-    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled; SJD-PAC's
-    proactive tree and skipped verifies (VVS) cannot yet. The one condition: rounds_for applies it, and the config
+    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled, and skipped
+    verifies (VVS, eager); SJD-PAC's proactive tree cannot yet. The one condition: rounds_for applies it, and the config
     check asks it (through layout_supported) before any job, so both follow what is built."""
     if drafting is None or (isinstance(drafting, Jacobi) and not isinstance(drafting, ProactiveJacobi)):
         return None
@@ -35,8 +35,6 @@ def layout_refusal(drafting, compile: bool = False, rule: AcceptRule | None = No
         return "SJD-PAC's proactive tree does not run under a layout yet; leave proactive out"
     if not drafter:
         return f"{type(drafting).__name__} drafting needs a drafter"
-    if skips(drafting):
-        return "skipped verifies (VVS) do not run under a layout; set skip_every 0"
     if compile and rule is not None and not graph_capturable(rule):
         return f"{rule.describe()} has no compiled round; decode with compile off"
     if isinstance(drafting, (StaticTree, DynamicTree)) and codebook is not None and drafting.max_rank >= codebook:
@@ -67,6 +65,8 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     if layout is not None:
         chain = isinstance(drafting, Chain)
         kind = (GraphChainRounds if chain else GraphTreeRounds) if compile else ChainRounds if chain else TreeRounds
+        if skips(drafting):  # VVS: eager rounds (speculative.decode compiles none of them)
+            kind = SkippingChainRounds if chain else SkippingTreeRounds
         rounds = kind(target, drafter, drafting, params, rule, table, B)
         rounds.use_layout(layout)
         return rounds

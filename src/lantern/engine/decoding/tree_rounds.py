@@ -182,8 +182,21 @@ class TreeRounds(DrafterRounds):
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
         """One target forward over every image's [y, nodes] (RoPE positions Q + depth, slots Q, Q + 1, .., the tree
         mask): (logits, hidden) [R * n, 1 + most nodes, ...]; image i's rows i::n, its first 1 + nodes positions."""
-        target, device = self.target, self.device
-        R, L = images[0].pend_emb.shape[0], target.cache_len
+        R, L = images[0].pend_emb.shape[0], self.target.cache_len
+        seqs, pos, slots, visible = self.verify_inputs(images)
+        S = max(len(s) for s in seqs)
+        tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
+        pos, slots, visible = per_row(pos, slots, visible, R, L)
+        for im in images:
+            im.stats.target_forwards += 1
+        return target_forward(self.target, cache_rows(images, self.B, R, self.device), tokens, pos, slots, visible,
+                              width)
+
+    def verify_inputs(self, images: list[Image]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
+        """Each image's verify tree as the target's ids [S_i] (under a layout [y, nodes, eol nodes], whose code rows
+        commit reads from self.spliced), RoPE positions and cache slots [S_i] (rows that are not real: position 0,
+        the scratch slot) and visibility [S_i, cache_len]."""
+        device, L = self.device, self.target.cache_len
         zero = torch.zeros(1, dtype=torch.long, device=device)
         drafts: list[Draft] = [im.draft for im in images]
         last, c0 = to_device(device, [im.tokens[-1] for im in images], [im.n - 1 for im in images])
@@ -196,15 +209,11 @@ class TreeRounds(DrafterRounds):
             self.spliced = [spliced_tree(self.layout, d, self.plans[im.index], widths, last[i : i + 1],
                                          c0[i : i + 1], self.N) for i, (im, d) in enumerate(zip(images, drafts))]
             seqs, offsets, blocks, real = ([t[j] for t in self.spliced] for j in range(4))
-        S = max(len(s) for s in seqs)
-        tokens = pack([s.expand(R, -1)[..., None] for s in seqs], S)[..., 0]
-        pos, slots, visible = per_row(
-            [torch.where(r, im.Q + o, 0) for im, o, r in zip(images, offsets, real)],
-            [torch.where(r, im.Q + torch.arange(len(s), device=device), L - 1) for im, s, r in zip(images, seqs, real)],
-            [_visible(len(s), L, im.Q, b) & r[:, None] for im, b, s, r in zip(images, blocks, seqs, real)], R, L)
-        for im in images:
-            im.stats.target_forwards += 1
-        return target_forward(target, cache_rows(images, self.B, R, device), tokens, pos, slots, visible, width)
+        pos = [torch.where(r, im.Q + o, 0) for im, o, r in zip(images, offsets, real)]
+        slots = [torch.where(r, im.Q + torch.arange(len(s), device=device), L - 1)
+                 for im, s, r in zip(images, seqs, real)]
+        return seqs, pos, slots, [_visible(len(s), L, im.Q, b) & r[:, None]
+                                  for im, b, s, r in zip(images, blocks, seqs, real)]
 
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The trees' acceptance and the commit for every active image; the cache moves of all of them at once.
