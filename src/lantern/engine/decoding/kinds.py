@@ -26,13 +26,13 @@ from lantern.errors import UserError
 def layout_refusal(drafting, compile: bool = False, rule: AcceptRule | None = None, codebook: int | None = None,
                    drafter: bool = True) -> str | None:
     """Why rounds cannot decode `drafting` (None: plain AR) under a layout with forced tokens
-    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled; SJD-PAC's
-    proactive tree and skipped verifies (VVS) cannot yet. The one condition: rounds_for applies it, and the config
+    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled, SJD-PAC's
+    proactive tree too (eager, a compiled verify); skipped verifies (VVS) cannot yet. The one condition: rounds_for applies it, and the config
     check asks it (through layout_supported) before any job, so both follow what is built."""
-    if drafting is None or (isinstance(drafting, Jacobi) and not isinstance(drafting, ProactiveJacobi)):
+    if isinstance(drafting, ProactiveJacobi) and codebook is not None and drafting.proactive > codebook:
+        return f"proactive={drafting.proactive} candidates per position exceed the {codebook} image codes"
+    if drafting is None or isinstance(drafting, Jacobi):
         return None
-    if isinstance(drafting, ProactiveJacobi):
-        return "SJD-PAC's proactive tree does not run under a layout yet; leave proactive out"
     if not drafter:
         return f"{type(drafting).__name__} drafting needs a drafter"
     if skips(drafting):
@@ -60,7 +60,7 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
         if refused:
             raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
     if isinstance(drafting, ProactiveJacobi):
-        return JacobiTreeRounds(target, drafting, params, rule, table, B)
+        return JacobiTreeRounds(target, drafting, params, rule, table, B, layout)
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B, layout)
