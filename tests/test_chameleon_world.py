@@ -101,20 +101,20 @@ def sample_args(world: dict, tmp_path, method: dict, compile: str = "auto") -> l
 
 
 def test_sample_under_luminas_layout_runs_eager_under_auto_and_refuses_the_rest(world, tmp_path, monkeypatch):
-    """As on CUDA (compile auto would compile): a chain and a static tree under the layout run eager, recorded in the
-    manifest; SJD-PAC's proactive tree and VVS's skipped verifies are refused in one line before any decode."""
+    """As on CUDA (compile auto would compile): a chain, a static tree and SJD-PAC's proactive tree under the layout
+    run eager, recorded in the manifest; VVS's skipped verifies are refused in one line before any decode."""
     from lantern.engine.decoding import compiled
     from lantern.errors import UserError
     from lantern.pipeline import sample
 
     monkeypatch.setattr(compiled, "resolve", lambda option, device: option in ("auto", None, True))
-    for method in ({"name": "exact", "drafting": "chain", "gamma": 3}, {"name": "exact", "drafting": "static"}):
+    for method in ({"name": "exact", "drafting": "chain", "gamma": 3}, {"name": "exact", "drafting": "static"},
+                   {"name": "exact", "drafting": "jacobi", "window": 4, "proactive": 2}):
         sample.main(sample_args(world, tmp_path, method))
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
         assert manifest["compile"] is False and manifest["layout"]["eol"] == 8192
         assert pd.read_csv(tmp_path / "out" / "stats.csv")["caption"].tolist() == CAPTIONS[:1]
-    for method, words in (({"name": "exact", "drafting": "jacobi", "proactive": 2}, "proactive"),
-                          ({"name": "exact", "drafting": "chain", "skip": "every", "skip_every": 2}, "VVS")):
+    for method, words in (({"name": "exact", "drafting": "chain", "skip": "every", "skip_every": 2}, "VVS"),):
         with pytest.raises(UserError) as e:
             sample.main(sample_args(world, tmp_path, method))
         assert "\n" not in str(e.value) and words in str(e.value) and "layout" in str(e.value)

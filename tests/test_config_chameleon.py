@@ -72,12 +72,16 @@ def test_with_every_file_placed_anole_validates(tmp_path):
 
 def test_lumina_validates_its_recipe_and_refuses_in_one_line_what_the_engine_cannot_run(tmp_path):
     """The authors' recipe (static trees, Jacobi windows, chains) validates with its files placed, compiled too; a point
-    the engine does not run under Lumina's forced tokens (kinds.layout_refusal) is one line naming it and why."""
+    the engine does not run under Lumina's forced tokens (kinds.layout_refusal) is one line naming it and why;
+    SJD-PAC's proactive tree runs under it."""
     base = placed("lumina-mgpt", tmp_path)
     assert len(expand_methods(validate_config(copy.deepcopy(base)))) > 10
-    for point, why in (({"name": "exact", "drafting": "jacobi", "window": 16, "proactive": 4}, "proactive tree"),
-                       ({"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3, "skip": "every",
-                         "skip_every": 5}, "skipped verifies (VVS)")):
+    cfg = copy.deepcopy(base)
+    cfg["sweep"]["methods"] = [{"name": "vanilla"}, {"name": "exact", "drafting": "jacobi", "window": 16,
+                                                     "coupling": "maximal", "proactive": 4}]
+    assert "exact-jacobi-w16-maximal-pk4-pd2" in expand_methods(validate_config(cfg))
+    for point, why in (({"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3, "skip": "every",
+                         "skip_every": 5}, "skipped verifies (VVS)"),):
         cfg = copy.deepcopy(base)
         cfg["sweep"]["methods"] = [{"name": "vanilla"}, point]
         (line,) = refusal(cfg)

@@ -231,6 +231,6 @@ def test_refused_where_not_built():
     with pytest.raises(UserError, match="proactive=4 candidates per position exceed the vocabulary of 3"):
         decode(target, None, torch.ones(1, dtype=torch.long), SamplingParams(), AcceptRule(),
                ProactiveJacobi(2, "independent", 4, 1), gens(1))
-    layout = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
-    with pytest.raises(UserError, match="layout toy .*proactive tree does not run under a layout"):
+    layout = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=3, vocab=16)
+    with pytest.raises(UserError, match="layout toy .*proactive=4 candidates per position exceed the 3 image codes"):
         rounds_for(ProactiveJacobi(4), target, None, SamplingParams(), AcceptRule(), None, 1, layout=layout)

@@ -218,12 +218,10 @@ def test_compiled_rounds_with_a_layout_give_eager_codes(one_thread):
 
 
 def test_layouts_refuse_what_does_not_run(toy_pair):
-    """Skipped verifies, SJD-PAC's proactive tree and trees that rank past the codebook are refused in one line."""
-    from lantern.engine.decoding.jacobi_tree import ProactiveJacobi
-
+    """Skipped verifies and trees that rank past the codebook are refused in one line."""
     target, drafter = toy_pair
     small = Layout("toy3", 3, 4, eol=15, code_offset=0, codebook=3, vocab=16)
-    cases = [(Chain(2, skip_every=2), TOY, "skip_every 0", drafter), (ProactiveJacobi(4), TOY, "proactive", None),
+    cases = [(Chain(2, skip_every=2), TOY, "skip_every 0", drafter),
              (static_tree("mc_sim_7b_63"), small, "beyond the 3 image codes", drafter)]
     for kind, layout, match, d in cases:
         with pytest.raises(UserError, match=match):
