@@ -2,20 +2,23 @@
 docs/chameleon-layout.md): the candidate tree holds codes, every node at a depth whose code ends a row gets an eol
 child in the verify (forced_trees.splice), and a node's children read its eol's row. On the tiny GPT with
 test_layout.py's 3 x 4 + eol toy layout: greedy gives greedy AR's codes, a batch decodes as one image at a time
-(eager and with the compiled verify), and exact sampling emits the authors' joint law of a 2 x 2 + eol layout
+(eager, with the compiled verify, as compiled rounds with and without the layout), and exact sampling emits the authors' joint law of a 2 x 2 + eol layout
 (chi-square), which a broken variant does not."""
 import pytest
 import torch
 
-from lantern.engine.decoding import compiled, jacobi_tree, tree_rounds
+from torch._dynamo.utils import counters
+
+from lantern.engine.decoding import compiled, jacobi_tree, kinds, tree_rounds
 from lantern.engine.decoding.generate import generate
 from lantern.engine.decoding.jacobi_tree import JacobiTreeRounds, ProactiveJacobi, eol_bound, eol_nodes
+from lantern.engine.decoding.jacobi_tree_graph import GraphJacobiTreeRounds
 from lantern.engine.decoding.kinds import layout_refusal, rounds_for
 from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.engine.decoding.speculative import decode
 from lantern.engine.models.layout import Layout
 from lantern.engine.rules.acceptance import AcceptRule
-from test_layout_jacobi import RULES, TABLE, TOY, authors_joint
+from test_layout_jacobi import RULES, TABLE, TABLE16, TOY, authors_joint
 from tiny import assert_same_decodes, chi_square_pvalue, gens, one_thread, tiny_target  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,9 +62,10 @@ def test_greedy_proactive_with_a_layout_gives_greedy_ar(f64, cfg):
 @pytest.mark.parametrize("compile", [False, True])
 def test_sampled_proactive_with_a_layout_batch_equals_one_by_one(f64, monkeypatch, rule, coupling, compile):
     """Each image of a batch gets the codes, iterations and stats it gets alone (float64): ragged windows and trees
-    that cross row ends at different depths; compile=True runs the eager rounds with the verify at its static width
-    (1 + window + tree nodes + eol bound; inductor left out)."""
+    that cross row ends at different depths; compile=True with a rule that had no compiled round would run the
+    eager rounds with the verify at its static width (1 + window + tree nodes + eol bound; inductor left out)."""
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    monkeypatch.setattr(kinds, "graph_capturable", lambda rule: False)
     params = SamplingParams(cfg_scale=2.0, cfg_interval=4, top_k=10)
     cond, kind = torch.arange(6) % 4, ProactiveJacobi(5, coupling, 3, 2)
     assert type(rounds_for(kind, f64, None, params, RULES[rule], TABLE, 6, compile, TOY)) is JacobiTreeRounds
@@ -70,6 +74,37 @@ def test_sampled_proactive_with_a_layout_batch_equals_one_by_one(f64, monkeypatc
                     layout=TOY) for i in range(6)]
     assert_same_decodes(got, stats, torch.cat([t for t, _ in alone]), [s for _, (s,) in alone], 12)
     assert got.max() < 15 and len({tuple(s.accepted_per_step) for s in stats}) > 1
+
+
+@pytest.mark.parametrize("rule", ["exact", "gsd", "lantern"])
+@pytest.mark.parametrize("coupling", COUPLINGS)
+@pytest.mark.parametrize("greedy, window, K, D", [(False, 1, 2, 1), (False, 5, 3, 2), (True, 5, 3, 2),
+                                                  (False, 12, 2, 3)])
+def test_compiled_proactive_rounds_equal_eager(f64, monkeypatch, rule, coupling, greedy, window, K, D):
+    """compile=True runs each iteration as jacobi_tree_graph.jacobi_tree_round (static shapes, finished images as
+    padding; inductor left out): the codes and stats of the eager rounds one by one, with and without the layout."""
+    monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy, top_k=10)
+    kind, rule, cond = ProactiveJacobi(window, coupling, K, D), RULES[rule], torch.arange(4)
+    assert type(rounds_for(kind, f64, None, params, rule, TABLE, 4, True, TOY)) is GraphJacobiTreeRounds
+    for layout, table, n in ((None, TABLE16, 16), (TOY, TABLE, 12)):
+        want = [decode(f64, None, cond[i : i + 1], params, rule, kind, gens(4, 3)[i : i + 1], table, layout=layout)
+                for i in range(4)]
+        got, stats = decode(f64, None, cond, params, rule, kind, gens(4, 3), table, compile=True, layout=layout)
+        assert_same_decodes(got, stats, torch.cat([t for t, _ in want]), [s for _, (s,) in want], n)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_proactive_rounds_give_eager_codes():
+    """Through inductor (float32), under the layout: the eager rounds' codes and iterations, and a graph compiled."""
+    target = tiny_target(scale=3.0)
+    params, rule, kind = SamplingParams(cfg_scale=2.0, top_k=10), RULES["lantern"], ProactiveJacobi(5, "maximal", 3, 2)
+    cond = torch.tensor([0, 3, 1])
+    before = counters["stats"]["unique_graphs"]
+    want, want_stats = decode(target, None, cond, params, rule, kind, gens(3), TABLE, layout=TOY)
+    got, stats = decode(target, None, cond, params, rule, kind, gens(3), TABLE, compile=True, layout=TOY)
+    assert counters["stats"]["unique_graphs"] > before  # really compiled, no silent fallback to eager
+    assert_same_decodes(got, stats, want, want_stats, 12)
 
 
 TOY2 = Layout("toy2", 2, 2, eol=3, code_offset=0, codebook=3, vocab=4)
