@@ -34,8 +34,9 @@ counting y: 13 tree nodes, a main path of 53 window tokens plus 10 others); here
 the tree adds nodes: their setting is window 53, proactive 3, proactive_depth 2. Their siblings are drawn from the
 residual of the last test; here from q_k without the window's token, whose law the walk's residualised q matches.
 They pick the longest accepted row over all tree paths at once; here the walk accepts in tree order.
-Stats: accepted_per_step = accepted tree depth, tree_depth = the window L. Compile: the rounds run eagerly, the
-verify forward compiled at the static width window + tree nodes + 1 (speculative.decode).
+Stats: accepted_per_step = accepted tree depth, tree_depth = the window L. Compile: jacobi_tree_graph.py runs the
+iteration as one compiled call; a rule without a device form would keep these rounds, the verify forward compiled at
+the static width window + tree nodes + 1 (+ eol_bound under a layout; speculative.decode).
 Forced structural tokens (`layout`, docs/chameleon-layout.md): the window and its siblings hold codes; in the verify
 every node at a depth whose code ends a row (y at depth 0) gets an eol child (forced_trees.splice, as draft trees'),
 a node's children read its eol's row, and the commit moves the kept eols beside the accepted nodes.
