@@ -2,8 +2,8 @@
 docs/chameleon-layout.md): the candidate tree holds codes, every node at a depth whose code ends a row gets an eol
 child in the verify (forced_trees.splice), and a node's children read its eol's row. On the tiny GPT with
 test_layout.py's 3 x 4 + eol toy layout: greedy gives greedy AR's codes, a batch decodes as one image at a time
-(eager, with the compiled verify, as compiled rounds with and without the layout), and exact sampling emits the authors' joint law of a 2 x 2 + eol layout
-(chi-square), which a broken variant does not."""
+(eager, with the compiled verify, as compiled rounds with and without the layout), and exact sampling emits the
+authors' joint law of a 2 x 2 + eol layout (chi-square), which two broken variants do not."""
 import pytest
 import torch
 

@@ -250,7 +250,8 @@ class JacobiTreeRounds(JacobiRounds):
         y = self.buf[self.index, self.done - 1]
         block = torch.stack([s.block[:S, :S] for s in self.shapes])
         if self.layout is None:
-            x, self.Q, self.off = torch.cat([y[:, None], self.X], 1), self.target.args.cls_token_num + self.done - 1, depth
+            x, self.off = torch.cat([y[:, None], self.X], 1), depth
+            self.Q = self.target.args.cls_token_num + self.done - 1
         else:
             x, real, block = self.spliced(images, y, depth, real, block)
             width = None if width is None else 1 + self.jacobi.nodes + self.eols
@@ -324,7 +325,8 @@ class JacobiTreeRounds(JacobiRounds):
             src = torch.where(keep, Q + kept, scratch)
             dst = torch.where(keep, Q + self.off.gather(1, kept), scratch)
         rows = forward_rows_of(self.index, self.B, self.R)
-        rows = (torch.arange(self.R * n, device=self.device) if rows is None else rows)[:, None].expand(-1, src.shape[1])
+        rows = torch.arange(self.R * n, device=self.device) if rows is None else rows
+        rows = rows[:, None].expand(-1, src.shape[1])
         read = torch.stack([a, used, (src != dst).any(-1).long()], 1).tolist()  # the iteration's one read
         counts = []
         for im, (a_i, used_i, _) in zip(images, read):
