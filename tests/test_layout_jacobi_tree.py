@@ -18,6 +18,7 @@ from lantern.engine.decoding.sampling import SamplingParams, image_generator
 from lantern.engine.decoding.speculative import decode
 from lantern.engine.models.layout import Layout
 from lantern.engine.rules.acceptance import AcceptRule
+from test_compile_verify import ALL_RULES
 from test_layout_jacobi import RULES, TABLE, TABLE16, TOY, authors_joint
 from tiny import assert_same_decodes, chi_square_pvalue, gens, one_thread, tiny_target  # noqa: F401
 
@@ -76,7 +77,7 @@ def test_sampled_proactive_with_a_layout_batch_equals_one_by_one(f64, monkeypatc
     assert got.max() < 15 and len({tuple(s.accepted_per_step) for s in stats}) > 1
 
 
-@pytest.mark.parametrize("rule", ["exact", "gsd", "lantern"])
+@pytest.mark.parametrize("rule", ["exact", "gsd", "lantern", "coolsd", "lanterntv"])
 @pytest.mark.parametrize("coupling", COUPLINGS)
 @pytest.mark.parametrize("greedy, window, K, D", [(False, 1, 2, 1), (False, 5, 3, 2), (True, 5, 3, 2),
                                                   (False, 12, 2, 3)])
@@ -85,7 +86,7 @@ def test_compiled_proactive_rounds_equal_eager(f64, monkeypatch, rule, coupling,
     padding; inductor left out): the codes and stats of the eager rounds one by one, with and without the layout."""
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
     params = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy, top_k=10)
-    kind, rule, cond = ProactiveJacobi(window, coupling, K, D), RULES[rule], torch.arange(4)
+    kind, rule, cond = ProactiveJacobi(window, coupling, K, D), {**ALL_RULES, **RULES}[rule], torch.arange(4)
     assert type(rounds_for(kind, f64, None, params, rule, TABLE, 4, True, TOY)) is GraphJacobiTreeRounds
     for layout, table, n in ((None, TABLE16, 16), (TOY, TABLE, 12)):
         want = [decode(f64, None, cond[i : i + 1], params, rule, kind, gens(4, 3)[i : i + 1], table, layout=layout)
