@@ -198,6 +198,33 @@ def eol_nodes(K: int, D: int, W: int, L: int, ends: tuple[int, ...], device) -> 
     return torch.tensor(nodes, dtype=torch.long).to(device)
 
 
+def tree_visible(Q: Tensor, mask: Tensor, real: Tensor, cache: int) -> Tensor:
+    """Each verify row's visible cache slots [n, S, cache]: the prefix before y's slot Q [n] for real rows (real
+    [n, S]), and the rows' tree mask [n, S, S] over the slots Q, Q + 1, .. they write."""
+    S = mask.shape[1]
+    rel = torch.arange(cache, device=Q.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
+    tree = mask.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(-1, S, cache)) & ((rel >= 0) & (rel < S))[:, None]
+    return ((rel < 0)[:, None, :] & real[..., None]) | tree
+
+
+def cache_moves(Q: Tensor, path: Tensor, scratch: int, code_row: Tensor | None = None, off: Tensor | None = None,
+                y_eol: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(src, dst) cache slots [n, k] that compact an iteration's accepted nodes (path [n, D], -1 past it; their rows
+    sit at Q + 1 + node) after y's slot Q [n]; scratch onto itself where nothing moves. Under a layout (code_row,
+    off: splice's), y's eol (unless y_eol [n] says not), the nodes and their eols each move to their position's
+    slot."""
+    Q = Q[:, None]
+    if code_row is None:
+        src = torch.where(path >= 0, Q + 1 + path, scratch)
+        return src, torch.where(path >= 0, Q + 1 + torch.arange(path.shape[1], device=path.device), scratch)
+    node = (path + 1).clamp(min=0)
+    eol = code_row.gather(1, node)
+    kept = torch.cat([code_row[:, :1], node, eol], 1)
+    first = (code_row[:, :1] != 0) & (True if y_eol is None else y_eol[:, None])
+    keep = torch.cat([first, path >= 0, (path >= 0) & (eol != node)], 1)
+    return torch.where(keep, Q + kept, scratch), torch.where(keep, Q + off.gather(1, kept), scratch)
+
+
 def siblings(q: Tensor, x: Tensor, K: int, u: Tensor | None) -> tuple[Tensor, Tensor]:
     """The K - 1 candidates after x [n] at slots with draft distributions q [n, V]: q's ordered draws without
     replacement, x removed first (u [n, K - 1] uniforms), or under greedy (u None) q's top ranks after x. Returns
@@ -258,10 +285,7 @@ class JacobiTreeRounds(JacobiRounds):
         S, Q = x.shape[1], self.Q
         pos = torch.where(real, Q[:, None] + self.off, 0)
         slots = torch.where(real, Q[:, None] + torch.arange(S, device=self.device), L_cache - 1)
-        rel = torch.arange(L_cache, device=self.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
-        tree = block.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(n, S, L_cache))
-        tree = tree & ((rel >= 0) & (rel < S))[:, None]
-        visible = ((rel < 0)[:, None, :] & real[..., None]) | tree
+        visible = tree_visible(Q, block, real, L_cache)
         for im in images:
             im.stats.target_forwards += 1
         return target_forward(self.target, forward_rows_of(self.index, self.B, R), in_rows(x, R), in_rows(pos, R),
@@ -313,17 +337,11 @@ class JacobiTreeRounds(JacobiRounds):
         self.P[self.index] = P.gather(1, rows[..., None].expand(n, W + 1, V))
         # the accepted nodes' cache entries into slots Q + 1 .., on the device; past its path an image copies the
         # scratch slot onto itself (Q + 1 + j may lie past the cache when another image's window is longer)
-        scratch, Q = self.target.cache_len - 1, self.Q[:, None]
+        scratch = self.target.cache_len - 1
         if self.layout is None:
-            src = torch.where(path >= 0, Q + 1 + path, scratch)
-            dst = torch.where(path >= 0, Q + 1 + torch.arange(deepest, device=self.device), scratch)
+            src, dst = cache_moves(self.Q, path, scratch)
         else:  # y's eol, the accepted nodes and their eols, each to its position (slots = positions)
-            node = (path + 1).clamp(min=0)
-            eol = self.code_row.gather(1, node)
-            kept = torch.cat([self.code_row[:, :1], node, eol], 1)
-            keep = torch.cat([self.code_row[:, :1] != 0, path >= 0, (path >= 0) & (eol != node)], 1)
-            src = torch.where(keep, Q + kept, scratch)
-            dst = torch.where(keep, Q + self.off.gather(1, kept), scratch)
+            src, dst = cache_moves(self.Q, path, scratch, self.code_row, self.off)
         rows = forward_rows_of(self.index, self.B, self.R)
         rows = torch.arange(self.R * n, device=self.device) if rows is None else rows
         rows = rows[:, None].expand(-1, src.shape[1])

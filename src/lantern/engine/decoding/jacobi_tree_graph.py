@@ -25,7 +25,8 @@ from lantern.engine.decoding.forced import code_logits, code_positions
 from lantern.engine.decoding.forced_trees import ends_at, splice
 from lantern.engine.decoding.jacobi import refill
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
-from lantern.engine.decoding.jacobi_tree import ProactiveJacobi, build_shape, eol_bound, siblings
+from lantern.engine.decoding.jacobi_tree import (ProactiveJacobi, build_shape, cache_moves, eol_bound, siblings,
+                                                 tree_visible)
 from lantern.engine.decoding.rounds import batch_probs, in_rows
 from lantern.engine.decoding.sampling import SamplingParams, draw
 from lantern.engine.decoding.tree_rounds import tree_greedy_paths, walk
@@ -103,12 +104,9 @@ def jacobi_tree_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor,
         seq, off, mask, code_row = splice(layout, X, depth, block[:, 1:, 1:], parents, eol_real, y, c0, N)
         Q, rows = code_positions(layout, T, c0), torch.cat([rows, eol_real], 1)
     rows = rows & live[:, None]
-    S = seq.shape[1]
     pos = torch.where(rows, Q[:, None] + off, 0)
-    slots = torch.where(rows, Q[:, None] + torch.arange(S, device=device), scratch)
-    rel = torch.arange(cache, device=device) - Q[:, None]
-    tree = mask.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(B, S, cache)) & ((rel >= 0) & (rel < S))[:, None]
-    visible = ((rel < 0)[:, None, :] & rows[..., None]) | tree
+    slots = torch.where(rows, Q[:, None] + torch.arange(seq.shape[1], device=device), scratch)
+    visible = tree_visible(Q, mask, rows, cache)
     logits, _ = target.forward_rows(target.embed_tokens(in_rows(seq, R)), in_rows(pos, R), in_rows(slots, R),
                                     in_rows(visible, R))
     if layout is not None:
@@ -130,17 +128,8 @@ def jacobi_tree_round(target: GPT, buf: Tensor, n: Tensor, P: Tensor, L: Tensor,
     end = torch.where(a_new > 0, path.gather(1, (a_new - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
     P.copy_(Pn.gather(1, cont[torch.arange(B, device=device), end][..., None].expand(B, W + 1, Pn.shape[-1])))
     # the cache moves (JacobiTreeRounds.commit's), every row of the cache, scratch onto itself where none
-    Qc = Q[:, None]
-    if layout is None:
-        src_slot = torch.where(path >= 0, Qc + 1 + path, scratch)
-        dst_slot = torch.where(path >= 0, Qc + 1 + torch.arange(W, device=device), scratch)
-    else:
-        node = (path + 1).clamp(min=0)
-        eol = code_row.gather(1, node)
-        kept = torch.cat([code_row[:, :1], node, eol], 1)
-        keep = torch.cat([(code_row[:, :1] != 0) & live[:, None], path >= 0, (path >= 0) & (eol != node)], 1)
-        src_slot = torch.where(keep, Qc + kept, scratch)
-        dst_slot = torch.where(keep, Qc + off.gather(1, kept), scratch)
+    src_slot, dst_slot = cache_moves(Q, path, scratch) if layout is None else \
+        cache_moves(Q, path, scratch, code_row, off, live)
     every = torch.arange(R * B, device=device)[:, None].expand(-1, src_slot.shape[1])
     target.keep_rows(every.flatten(), src_slot.repeat(R, 1).flatten(), dst_slot.repeat(R, 1).flatten())
     spent = Ls if params.greedy else Ls + D * (K - 1) + used + (n + a_new < N).long()
