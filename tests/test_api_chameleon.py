@@ -113,10 +113,10 @@ def test_lumina_rounds_at_static_widths_equal_eager(world_files, monkeypatch, ki
     assert max(s["tau"] for s in eager.stats) > 1  # some drafts accepted (the tiny drafter is random)
 
 
-def test_lumina_runs_eager_under_compile_auto_and_proactive_refuses_its_layout(world_files, monkeypatch):
+def test_lumina_runs_every_drafting_kind_eager_under_compile_auto(world_files, monkeypatch):
     """compile auto would compile on CUDA, where rounds with forced tokens are checked on CPU only so far: a layout
-    world's speculative rounds run eager; chains, trees and Jacobi windows give greedy AR's tokens; SJD-PAC's
-    proactive tree refuses the layout in one line."""
+    world's speculative rounds run eager; chains, trees, Jacobi windows, SJD-PAC's proactive tree and VVS's skipped
+    verifies all decode it, the exact ones giving greedy AR's tokens."""
     from lantern.engine.decoding import compiled
 
     world = load(world_files, "lumina-mgpt", drafter=True)
@@ -129,8 +129,8 @@ def test_lumina_runs_eager_under_compile_auto_and_proactive_refuses_its_layout(w
                             tree="mc_sim_7b_63")
     sjd = lantern.generate(world, PROMPTS[:1], "exact", mode="greedy", compile="auto", drafting="jacobi", window=6)
     assert torch.equal(chain.tokens, ar.tokens) and torch.equal(tree.tokens, ar.tokens)
-    assert torch.equal(sjd.tokens, ar.tokens) and not asked
-    for kind in ({"drafting": "jacobi", "proactive": 2},):
-        with pytest.raises(UserError) as e:
-            lantern.generate(world, PROMPTS[:1], "exact", compile=False, **kind)
-        assert "\n" not in str(e.value) and "layout" in str(e.value), kind
+    pac = lantern.generate(world, PROMPTS[:1], "exact", mode="greedy", compile="auto", drafting="jacobi", window=6,
+                           proactive=2)
+    assert torch.equal(sjd.tokens, ar.tokens) and torch.equal(pac.tokens, ar.tokens) and not asked
+    vvs = lantern.generate(world, PROMPTS[:1], "exact", compile="auto", drafting="chain", skip="every", skip_every=2)
+    assert vvs.tokens.shape == ar.tokens.shape and vvs.tokens.max() < 8192 and not asked

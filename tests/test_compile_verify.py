@@ -9,6 +9,7 @@ from torch._dynamo.utils import counters
 from lantern.engine.decoding import compiled, rounds
 from lantern.engine.decoding.chain import Chain
 from lantern.engine.decoding.jacobi import Jacobi
+from lantern.engine.decoding.jacobi_tree import ProactiveJacobi
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.speculative import decode
 from test_batched import RULES, TABLE
@@ -113,15 +114,17 @@ def test_compiled_verify_gives_eager_tokens(trained, kind, rule):
     ("chain", "exact", {"chain_round"}), ("chain", "lantern", {"chain_round"}), ("chain", "coolsd", {"chain_round"}),
     ("chain", "lanterntv", {"chain_round"}), ("small", "lanternpp", {"tree_round"}), ("small", "coolsd", {"tree_round"}),
     ("dynamic", "lanterntv", {"tree_round"}), ("jacobi", "exact", {"jacobi_round"}),
-    ("jacobi", "coolsd", {"jacobi_round"})])
+    ("jacobi", "coolsd", {"jacobi_round"}), ("proactive", "coolsd", {"jacobi_tree_round"}),
+    ("proactive", "lanterntv", {"jacobi_tree_round"})])
 def test_rounds_go_through_compiled_steps(f64, monkeypatch, kind, rule, steps):
-    """compile=True runs a chain's, a tree's or a Jacobi iteration's whole round (drafting, verify, acceptance,
-    commit) as one compiled call (chain_graph.chain_round, tree_graph.tree_round, jacobi_graph.jacobi_round) under
-    every rule of the registry."""
+    """compile=True runs a chain's, a tree's, a Jacobi or proactive iteration's whole round (drafting, verify,
+    acceptance, commit) as one compiled call (chain_graph.chain_round, tree_graph.tree_round,
+    jacobi_graph.jacobi_round, jacobi_tree_graph.jacobi_tree_round) under every rule of the registry."""
     asked = []
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: asked.append(fn.__name__) or fn)
     target, drafter = f64
-    drafting = Chain(3) if kind == "chain" else Jacobi(4) if kind == "jacobi" else KINDS[kind]
+    drafting = {"chain": Chain(3), "jacobi": Jacobi(4), "proactive": ProactiveJacobi(4, "maximal", 3, 2)}.get(kind)
+    drafting = drafting or KINDS[kind]
     static(target, drafter, torch.arange(3) % 4, SamplingParams(cfg_scale=2.0), ALL_RULES[rule], drafting)
     assert set(asked) == steps
 

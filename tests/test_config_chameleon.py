@@ -70,20 +70,19 @@ def test_with_every_file_placed_anole_validates(tmp_path):
     assert {p.get("drafting") for p in expand_methods(cfg).values()} >= {"static", "dynamic", "jacobi", "chain"}
 
 
-def test_lumina_validates_its_recipe_and_refuses_in_one_line_what_the_engine_cannot_run(tmp_path):
-    """The authors' recipe (static trees, Jacobi windows, chains) validates with its files placed, compiled too; a point
-    the engine does not run under Lumina's forced tokens (kinds.layout_refusal) is one line naming it and why."""
+def test_lumina_validates_its_recipe_and_every_drafting_kind(tmp_path):
+    """The authors' recipe (static trees, Jacobi windows, chains) validates with its files placed, compiled too; so do
+    VVS's skipped verifies and SJD-PAC's proactive tree, which also run under Lumina's forced tokens."""
     base = placed("lumina-mgpt", tmp_path)
     assert len(expand_methods(validate_config(copy.deepcopy(base)))) > 10
     vvs = copy.deepcopy(base)  # skipped verifies run under the layout (eager)
     vvs["sweep"]["methods"] = [{"name": "lantern", "drafting": "chain", "gamma": 4, "delta": 0.1, "k": 3,
                                 "skip": "every", "skip_every": 5}]
     assert len(expand_methods(validate_config(vvs))) == 1
-    for point, why in (({"name": "exact", "drafting": "jacobi", "window": 16, "proactive": 4}, "proactive tree"),):
-        cfg = copy.deepcopy(base)
-        cfg["sweep"]["methods"] = [{"name": "vanilla"}, point]
-        (line,) = refusal(cfg)
-        assert "does not run under Lumina-mGPT's layout" in line and why in line and "drop it" in line, line
+    cfg = copy.deepcopy(base)
+    cfg["sweep"]["methods"] = [{"name": "vanilla"}, {"name": "exact", "drafting": "jacobi", "window": 16,
+                                                     "coupling": "maximal", "proactive": 4}]
+    assert "exact-jacobi-w16-maximal-pk4-pd2" in expand_methods(validate_config(cfg))
     cfg = copy.deepcopy(base)
     cfg["compile"] = True
     assert validate_config(cfg)["compile"] is True

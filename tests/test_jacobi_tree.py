@@ -180,11 +180,15 @@ def test_the_tree_changes_the_iteration_and_its_tau():
 
 @pytest.mark.parametrize("greedy", [False, True])
 def test_compiled_verify_equals_eager(monkeypatch, greedy):
-    """compile=True keeps the eager rounds and runs the verify at the static width window + tree nodes + 1
-    (inductor left out, as tests/test_compile_verify.py's static_eager)."""
+    """compile=True with a rule that had no compiled round would keep the eager rounds and run the verify at the
+    static width window + tree nodes + 1 (inductor left out, as tests/test_compile_verify.py's static_eager);
+    tests/test_layout_jacobi_tree.py checks the compiled rounds (jacobi_tree_graph.py)."""
+    from lantern.engine.decoding import kinds
+
     from lantern.engine.decoding import compiled
 
     monkeypatch.setattr(compiled, "compiled_step", lambda fn, device: fn)
+    monkeypatch.setattr(kinds, "graph_capturable", lambda rule: False)
     target = tiny_target(scale=8.0).double()
     params, drafting = SamplingParams(cfg_scale=2.0, cfg_interval=4, greedy=greedy), ProactiveJacobi(5, "gumbel", 3, 2)
     assert type(rounds_for(drafting, target, None, params, AcceptRule(), None, 4, True)) is JacobiTreeRounds
@@ -231,6 +235,6 @@ def test_refused_where_not_built():
     with pytest.raises(UserError, match="proactive=4 candidates per position exceed the vocabulary of 3"):
         decode(target, None, torch.ones(1, dtype=torch.long), SamplingParams(), AcceptRule(),
                ProactiveJacobi(2, "independent", 4, 1), gens(1))
-    layout = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
-    with pytest.raises(UserError, match="layout toy .*proactive tree does not run under a layout"):
+    layout = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=3, vocab=16)
+    with pytest.raises(UserError, match="layout toy .*proactive=4 candidates per position exceed the 3 image codes"):
         rounds_for(ProactiveJacobi(4), target, None, SamplingParams(), AcceptRule(), None, 1, layout=layout)

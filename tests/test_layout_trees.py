@@ -218,14 +218,10 @@ def test_compiled_rounds_with_a_layout_give_eager_codes(one_thread):
 
 
 def test_layouts_refuse_what_does_not_run(toy_pair):
-    """SJD-PAC's proactive tree and trees that rank past the codebook are refused in one line (skipped verifies run:
-    tests/test_layout_skipping.py)."""
-    from lantern.engine.decoding.jacobi_tree import ProactiveJacobi
-
+    """Trees that rank past the codebook are refused in one line (skipped verifies and the proactive tree run:
+    tests/test_layout_skipping.py, tests/test_layout_jacobi_tree.py)."""
     target, drafter = toy_pair
     small = Layout("toy3", 3, 4, eol=15, code_offset=0, codebook=3, vocab=16)
-    cases = [(ProactiveJacobi(4), TOY, "proactive", None),
-             (static_tree("mc_sim_7b_63"), small, "beyond the 3 image codes", drafter)]
-    for kind, layout, match, d in cases:
-        with pytest.raises(UserError, match=match):
-            decode(target, d, torch.arange(1), SamplingParams(), AcceptRule(), kind, gens(1), layout=layout)
+    with pytest.raises(UserError, match="beyond the 3 image codes"):
+        decode(target, drafter, torch.arange(1), SamplingParams(), AcceptRule(), static_tree("mc_sim_7b_63"), gens(1),
+               layout=small)

@@ -125,6 +125,7 @@ class JacobiRounds:
                  B: int, layout: Layout | None = None):
         self.target, self.jacobi, self.params, self.rule, self.table, self.B = target, jacobi, params, rule, table, B
         self.layout, self.device = layout, target.output.weight.device
+        self.target_extra = jacobi.target_extra  # spare cache slots (jacobi_tree: the tree's nodes, its eol nodes)
         self.N, self.V = (target.args.image_tokens, target.args.vocab_size) if layout is None else (layout.codes,
                                                                                                    layout.codebook)
         W = jacobi.window
@@ -135,7 +136,7 @@ class JacobiRounds:
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
-        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, self.jacobi.target_extra,
+        p0, cond_emb, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, self.target_extra,
                                           static, self.layout)
         self.R = cond_emb.shape[0] // self.B
         with timer.section("other"):

@@ -105,10 +105,12 @@ class GraphJacobiRounds(GraphLoop):
         self.layout, self.device = layout, target.output.weight.device
         self.N = target.args.image_tokens if layout is None else layout.codes
         self.per_round = 2 * jacobi.window + 1
+        self.target_extra = jacobi.target_extra  # spare cache slots (jacobi_tree_graph: the tree's, its eols)
 
     def prefill(self, cond: Tensor, generators: list[torch.Generator], timer: StepTimer, cond_mask: Tensor | None,
                 static: bool) -> list[Image]:
-        p0, _, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, 0, True, self.layout)
+        p0, _, _, _ = prefill_rows(self.target, cond, self.params, timer, cond_mask, self.target_extra, True,
+                                   self.layout)
         B, N, W, V = self.B, self.N, self.jacobi.window, p0.shape[-1]
         with timer.section("other"):
             self.buf = self.kept("jacobi_buf", (B, N + W + 1), torch.long)

@@ -34,8 +34,12 @@ counting y: 13 tree nodes, a main path of 53 window tokens plus 10 others); here
 the tree adds nodes: their setting is window 53, proactive 3, proactive_depth 2. Their siblings are drawn from the
 residual of the last test; here from q_k without the window's token, whose law the walk's residualised q matches.
 They pick the longest accepted row over all tree paths at once; here the walk accepts in tree order.
-Stats: accepted_per_step = accepted tree depth, tree_depth = the window L. Compile: the rounds run eagerly, the
-verify forward compiled at the static width window + tree nodes + 1 (speculative.decode). Layouts: refused.
+Stats: accepted_per_step = accepted tree depth, tree_depth = the window L. Compile: jacobi_tree_graph.py runs the
+iteration as one compiled call; a rule without a device form would keep these rounds, the verify forward compiled at
+the static width window + tree nodes + 1 (+ eol_bound under a layout; speculative.decode).
+Forced structural tokens (`layout`, docs/chameleon-layout.md): the window and its siblings hold codes; in the verify
+every node at a depth whose code ends a row (y at depth 0) gets an eol child (forced_trees.splice, as draft trees'),
+a node's children read its eol's row, and the commit moves the kept eols beside the accepted nodes.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lantern.engine.decoding.forced import code_logits, code_positions
+from lantern.engine.decoding.forced_trees import splice, tree_plan
 from lantern.engine.decoding.jacobi import Image, Jacobi, JacobiRounds
 from lantern.engine.decoding.rounds import batch_probs, forward_rows_of, in_rows, target_forward
 from lantern.engine.decoding.sampling import Uniforms, draw
 from lantern.engine.decoding.tree_rounds import tree_greedy_paths, walk
 from lantern.engine.decoding.trees import _block, successive_draws
+from lantern.engine.models.layout import Layout
 from lantern.engine.models.model import GPT
 from lantern.errors import UserError
 
@@ -121,9 +128,10 @@ class Shape:
 
 
 @functools.lru_cache(maxsize=256)
-def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
-    """The proactive tree for a window of L tokens (module docstring), on the host, then sent to `device`."""
-    Dc, M = min(D, L), W + tree_nodes(K, D) - D
+def tree_lists(K: int, D: int, W: int, L: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The proactive tree's nodes for a window of L tokens, on the host: (depth, parent, src) per node, the window's
+    L first, then the other nodes depth by depth."""
+    Dc = min(D, L)
     depth, parent, src = [j + 1 for j in range(L)], [j - 1 for j in range(L)], list(range(L))
     node = {(0,) * d: d - 1 for d in range(1, Dc + 1)}  # a tree path's node: the window's first-ranked path
     for d in range(1, Dc + 1):
@@ -134,6 +142,14 @@ def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
                 depth.append(d)
                 parent.append(node[path[:-1]] if d > 1 else -1)
                 src.append(d - 1 if r == 0 else W + (d - 1) * (K - 1) + r - 1)
+    return tuple(depth), tuple(parent), tuple(src)
+
+
+@functools.lru_cache(maxsize=256)
+def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
+    """The proactive tree for a window of L tokens (module docstring), on the host, then sent to `device`."""
+    M = W + tree_nodes(K, D) - D
+    depth, parent, src = (list(x) for x in tree_lists(K, D, W, L))
     m = len(depth)
     children: list[list[int]] = [[] for _ in range(1 + M)]
     for i, p in enumerate(parent):  # in node order: the window's child first, then ranks 1..
@@ -163,6 +179,52 @@ def build_shape(K: int, D: int, W: int, L: int, device) -> Shape:
     return Shape(1 + m, dev[0], dev[1], dev[2], dev[3] != 0, dev[4] != 0, dev[5], dev[6], dev[7])
 
 
+def eol_bound(K: int, D: int, W: int, layout: Layout) -> int:
+    """The most eol nodes one verify carries under `layout` (its spare cache slots and static width): an eol after
+    every node at a depth e whose code ends a row, K^e nodes at e <= D, one (the window's, or y at e = 0) elsewhere,
+    at depths cols apart, over every alignment of the first row end."""
+    if layout.eol is None:
+        return 0
+    width = lambda e: K ** e if 1 <= e <= D else 1  # noqa: E731
+    return max(sum(width(e) for e in range(first, W + 1, layout.cols)) for first in range(layout.cols))
+
+
+@functools.lru_cache(maxsize=1024)
+def eol_nodes(K: int, D: int, W: int, L: int, ends: tuple[int, ...], device) -> Tensor:
+    """The nodes an eol follows in a verify (-1: y) for a window of L tokens whose row ends fall at depths `ends`
+    (forced_trees.tree_plan's): every node at those depths, on `device`."""
+    depth = tree_lists(K, D, W, L)[0]
+    nodes = [i for e in ends for i in ([-1] if e == 0 else [i for i, d in enumerate(depth) if d == e])]
+    return torch.tensor(nodes, dtype=torch.long).to(device)
+
+
+def tree_visible(Q: Tensor, mask: Tensor, real: Tensor, cache: int) -> Tensor:
+    """Each verify row's visible cache slots [n, S, cache]: the prefix before y's slot Q [n] for real rows (real
+    [n, S]), and the rows' tree mask [n, S, S] over the slots Q, Q + 1, .. they write."""
+    S = mask.shape[1]
+    rel = torch.arange(cache, device=Q.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
+    tree = mask.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(-1, S, cache)) & ((rel >= 0) & (rel < S))[:, None]
+    return ((rel < 0)[:, None, :] & real[..., None]) | tree
+
+
+def cache_moves(Q: Tensor, path: Tensor, scratch: int, code_row: Tensor | None = None, off: Tensor | None = None,
+                y_eol: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(src, dst) cache slots [n, k] that compact an iteration's accepted nodes (path [n, D], -1 past it; their rows
+    sit at Q + 1 + node) after y's slot Q [n]; scratch onto itself where nothing moves. Under a layout (code_row,
+    off: splice's), y's eol (unless y_eol [n] says not), the nodes and their eols each move to their position's
+    slot."""
+    Q = Q[:, None]
+    if code_row is None:
+        src = torch.where(path >= 0, Q + 1 + path, scratch)
+        return src, torch.where(path >= 0, Q + 1 + torch.arange(path.shape[1], device=path.device), scratch)
+    node = (path + 1).clamp(min=0)
+    eol = code_row.gather(1, node)
+    kept = torch.cat([code_row[:, :1], node, eol], 1)
+    first = (code_row[:, :1] != 0) & (True if y_eol is None else y_eol[:, None])
+    keep = torch.cat([first, path >= 0, (path >= 0) & (eol != node)], 1)
+    return torch.where(keep, Q + kept, scratch), torch.where(keep, Q + off.gather(1, kept), scratch)
+
+
 def siblings(q: Tensor, x: Tensor, K: int, u: Tensor | None) -> tuple[Tensor, Tensor]:
     """The K - 1 candidates after x [n] at slots with draft distributions q [n, V]: q's ordered draws without
     replacement, x removed first (u [n, K - 1] uniforms), or under greedy (u None) q's top ranks after x. Returns
@@ -180,9 +242,11 @@ class JacobiTreeRounds(JacobiRounds):
     iteration: JacobiRounds' plan and window uniforms, the siblings' and walk's uniforms (sampling), the one read;
     the cache moves are built on the device (four per iteration sampling, three greedy; SJD's: three)."""
 
-    def __init__(self, target: GPT, jacobi: ProactiveJacobi, params, rule, table, B: int):
-        super().__init__(target, jacobi, params, rule, table, B)
+    def __init__(self, target: GPT, jacobi: ProactiveJacobi, params, rule, table, B: int, layout: Layout | None = None):
+        super().__init__(target, jacobi, params, rule, table, B, layout)
         self.K, self.D = jacobi.proactive, jacobi.proactive_depth
+        self.eols = 0 if layout is None else eol_bound(self.K, self.D, jacobi.window, layout)
+        self.target_extra += self.eols
 
     def draft(self, images: list[Image]) -> None:
         """The window (jacobi.JacobiRounds.draft), then each slot's siblings below the first D."""
@@ -203,29 +267,52 @@ class JacobiTreeRounds(JacobiRounds):
         return torch.stack([getattr(s, name)[:rows] for s in self.shapes])
 
     def verify(self, images: list[Image], width: int | None) -> tuple[Tensor, Tensor]:
-        """One forward over every active image's [y, nodes] with its tree mask, padded to the largest tree."""
+        """One forward over every active image's [y, nodes] with its tree mask, padded to the largest tree; with a
+        layout, [y, nodes, eol nodes] (`spliced`)."""
         R, S, n = self.R, max(s.size for s in self.shapes), len(images)
         M, L_cache = S - 1, self.target.cache_len
         self.X = self.tokens.gather(1, self.stacked("src", M))
         real = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=self.device), self.stacked("real", M)], 1)
         depth = F.pad(self.stacked("depth", M), (1, 0))
-        x = torch.cat([self.buf[self.index, self.done - 1][:, None], self.X], 1)
-        Q = self.target.args.cls_token_num + self.done - 1
-        pos = torch.where(real, Q[:, None] + depth, 0)
-        slots = torch.where(real, Q[:, None] + torch.arange(S, device=self.device), L_cache - 1)
-        rel = torch.arange(L_cache, device=self.device) - Q[:, None]  # [n, cache]: a slot's offset from y's
+        y = self.buf[self.index, self.done - 1]
         block = torch.stack([s.block[:S, :S] for s in self.shapes])
-        tree = block.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(n, S, L_cache))
-        tree = tree & ((rel >= 0) & (rel < S))[:, None]
-        visible = ((rel < 0)[:, None, :] & real[..., None]) | tree
+        if self.layout is None:
+            x, self.off = torch.cat([y[:, None], self.X], 1), depth
+            self.Q = self.target.args.cls_token_num + self.done - 1
+        else:
+            x, real, block = self.spliced(images, y, depth, real, block)
+            width = None if width is None else 1 + self.jacobi.nodes + self.eols
+        S, Q = x.shape[1], self.Q
+        pos = torch.where(real, Q[:, None] + self.off, 0)
+        slots = torch.where(real, Q[:, None] + torch.arange(S, device=self.device), L_cache - 1)
+        visible = tree_visible(Q, block, real, L_cache)
         for im in images:
             im.stats.target_forwards += 1
         return target_forward(self.target, forward_rows_of(self.index, self.B, R), in_rows(x, R), in_rows(pos, R),
                               in_rows(slots, R), in_rows(visible, R), width)
 
+    def spliced(self, images: list[Image], y: Tensor, depth: Tensor, real: Tensor, block: Tensor):
+        """The verify under a layout, as a draft tree's (forced_trees.splice): every node at a depth whose code ends
+        a row (y at depth 0) gets an eol child at its position + 1, nodes below sit one position further per eol
+        above them, and a node's children read its eol's row (`code_row`). Eol nodes are padded to the batch's
+        most. Sets Q (y's position), off (each row's position offset), code_row; returns (ids, real, tree mask)."""
+        K, D, W, layout = self.K, self.D, self.jacobi.window, self.layout
+        parents = [eol_nodes(K, D, W, im.L, tuple(tree_plan(layout, im.n - 1, im.L, 0, "cpu").ends), self.device)
+                   for im in images]
+        E = max(len(p) for p in parents)
+        eol_real = torch.stack([torch.arange(E, device=self.device) < len(p) for p in parents])
+        parents = torch.stack([F.pad(p, (0, E - len(p)), value=-1) for p in parents])
+        c0 = self.done - 1
+        ids, self.off, mask, self.code_row = splice(layout, self.X, depth[:, 1:], block[:, 1:, 1:], parents,
+                                                    eol_real, y, c0, self.N)
+        self.Q = code_positions(layout, self.target.args.cls_token_num, c0)
+        return ids, torch.cat([real, eol_real], 1), mask
+
     def commit(self, images: list[Image], logits: Tensor, hidden: Tensor) -> None:
         """The tree's acceptance for every active image on the device, the commit, one read, the cache moves."""
         K, D, W, N, V = self.K, self.D, self.jacobi.window, self.N, self.V
+        if self.layout is not None:  # [y, nodes]' predicting rows over the image head (an eol's after a row end)
+            logits = code_logits(self.layout, logits, self.code_row)
         n, S = len(images), logits.shape[1]
         M, deepest = S - 1, max(im.L for im in images)
         depth = self.stacked("depth", M)
@@ -250,12 +337,14 @@ class JacobiTreeRounds(JacobiRounds):
         self.P[self.index] = P.gather(1, rows[..., None].expand(n, W + 1, V))
         # the accepted nodes' cache entries into slots Q + 1 .., on the device; past its path an image copies the
         # scratch slot onto itself (Q + 1 + j may lie past the cache when another image's window is longer)
-        j, scratch = torch.arange(deepest, device=self.device), self.target.cache_len - 1
-        Q = self.target.args.cls_token_num + self.done - 1
-        src = torch.where(path >= 0, Q[:, None] + 1 + path, scratch)
-        dst = torch.where(path >= 0, Q[:, None] + 1 + j, scratch)
+        scratch = self.target.cache_len - 1
+        if self.layout is None:
+            src, dst = cache_moves(self.Q, path, scratch)
+        else:  # y's eol, the accepted nodes and their eols, each to its position (slots = positions)
+            src, dst = cache_moves(self.Q, path, scratch, self.code_row, self.off)
         rows = forward_rows_of(self.index, self.B, self.R)
-        rows = (torch.arange(self.R * n, device=self.device) if rows is None else rows)[:, None].expand(-1, deepest)
+        rows = torch.arange(self.R * n, device=self.device) if rows is None else rows
+        rows = rows[:, None].expand(-1, src.shape[1])
         read = torch.stack([a, used, (src != dst).any(-1).long()], 1).tolist()  # the iteration's one read
         counts = []
         for im, (a_i, used_i, _) in zip(images, read):

@@ -12,6 +12,7 @@ from lantern.engine.decoding.chain_rounds import ChainRounds
 from lantern.engine.decoding.jacobi import Jacobi, JacobiRounds
 from lantern.engine.decoding.jacobi_graph import GraphJacobiRounds
 from lantern.engine.decoding.jacobi_tree import JacobiTreeRounds, ProactiveJacobi
+from lantern.engine.decoding.jacobi_tree_graph import GraphJacobiTreeRounds
 from lantern.engine.decoding.sampling import SamplingParams
 from lantern.engine.decoding.skipping import SkippingChainRounds, SkippingTreeRounds, skips
 from lantern.engine.decoding.tree_graph import GraphTreeRounds
@@ -26,13 +27,13 @@ from lantern.errors import UserError
 def layout_refusal(drafting, compile: bool = False, rule: AcceptRule | None = None, codebook: int | None = None,
                    drafter: bool = True) -> str | None:
     """Why rounds cannot decode `drafting` (None: plain AR) under a layout with forced tokens
-    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds can, eager or compiled, and skipped
-    verifies (VVS, eager); SJD-PAC's proactive tree cannot yet. The one condition: rounds_for applies it, and the config
+    (docs/chameleon-layout.md), or None: plain AR, chain, tree and Jacobi rounds (SJD-PAC's proactive tree too) can,
+    eager or compiled, and skipped verifies (VVS) eager. The one condition: rounds_for applies it, and the config
     check asks it (through layout_supported) before any job, so both follow what is built."""
-    if drafting is None or (isinstance(drafting, Jacobi) and not isinstance(drafting, ProactiveJacobi)):
+    if isinstance(drafting, ProactiveJacobi) and codebook is not None and drafting.proactive > codebook:
+        return f"proactive={drafting.proactive} candidates per position exceed the {codebook} image codes"
+    if drafting is None or isinstance(drafting, Jacobi):
         return None
-    if isinstance(drafting, ProactiveJacobi):
-        return "SJD-PAC's proactive tree does not run under a layout yet; leave proactive out"
     if not drafter:
         return f"{type(drafting).__name__} drafting needs a drafter"
     if compile and rule is not None and not graph_capturable(rule):
@@ -52,13 +53,14 @@ def rounds_for(drafting, target: GPT, drafter, params: SamplingParams, rule: Acc
     """compile: every kind under every rule with a device form (chain_graph.graph_capturable: all of the registry's)
     runs each round as one compiled call (chain_graph.py, tree_graph.py, jacobi_graph.py: every coupling too); drafts that skip
     verifies (VVS, skipping.py) run eagerly. layout (forced structural tokens, docs/chameleon-layout.md): the rounds
-    `layout_refusal` allows. SJD-PAC's proactive tree (jacobi_tree.py): eager rounds, a compiled verify forward."""
+    `layout_refusal` allows. SJD-PAC's proactive tree: jacobi_tree.py's rounds, jacobi_tree_graph.py's compiled."""
     if layout is not None:
         refused = layout_refusal(drafting, compile, rule, layout.codebook, drafter is not None)
         if refused:
             raise UserError(f"layout {layout.name} (forced structural tokens): {refused}")
     if isinstance(drafting, ProactiveJacobi):
-        return JacobiTreeRounds(target, drafting, params, rule, table, B)
+        graph = compile and graph_capturable(rule)
+        return (GraphJacobiTreeRounds if graph else JacobiTreeRounds)(target, drafting, params, rule, table, B, layout)
     if isinstance(drafting, Jacobi):
         graph = compile and graph_capturable(rule)
         return (GraphJacobiRounds if graph else JacobiRounds)(target, drafting, params, rule, table, B, layout)
