@@ -1,4 +1,4 @@
-"""`lantern generate`: a few images with one method, written as a grid, with tau and the speed-up over plain AR.
+r"""`lantern generate`: a few images with one method, written as a grid, with tau and the speed-up over plain AR.
 
     lantern generate --classes ring star -n 8 --method lantern --delta 0.1 --k 3 --out grid.png
 
@@ -11,10 +11,12 @@ with --family and the chameleon keys as flags, prompts as text, through lantern.
         --tree mc_sim_7b_63 --out grid.png
 
 Its sampling defaults are the authors' (CFG 3, top-k 2000), its method default their LANTERN point (delta 0.1,
-k 1000, the family's drafting and residual as in config/<family>.yaml), its dtype bf16. Plain AR decodes the same seeds in the same
-process right after the method (both after one untimed warm-up image), so the speed-up compares like with like;
---no-baseline skips it. Method parameters are flags named as in the config (--delta, --k, --lam, --gamma,
---drafting, --tree, --window, ...; the dynamic tree's top_k is --tree-top-k, as --top-k is the sampling filter).
+k 1000, the family's drafting and residual as in config/<family>.yaml), its dtype bf16.
+
+Plain AR decodes the same seeds in the same process right after the method (both after one untimed warm-up image), so
+the speed-up compares like with like; --no-baseline skips it. Method parameters are flags named as in the config
+(--delta, --k, --lam, --gamma, --drafting, --tree, --window, ...; the dynamic tree's top_k is --tree-top-k, as
+--top-k is the sampling filter).
 """
 
 from __future__ import annotations

@@ -304,6 +304,6 @@ check_before_jobs(
     {f"{OUT}/metrics/{m}/{p}.json": [f"{OUT}/gen/{m}/{p}/shard{j}" for j in SHARDS]
      for m in MODES for p in sorted(mode_points(POINTS, m))},
     f"{OUT}/tables",
-    "" if CHAMELEON else vq_ckpt(),  # a Chameleon shard's damaged PNGs are redrawn with the shard
+    "" if CHAMELEON else vq_ckpt(),  # a Chameleon shard is restored through the VQGAN its manifest records
     threads_arg(1),  # the generate rule's
 )
