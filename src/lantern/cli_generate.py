@@ -153,6 +153,9 @@ def check_family_method(a, spec: dict) -> int | None:
         if refused:
             raise UserError(f"--family lumina-mgpt (forced structural tokens): {refused}")
     width = rule(spec).table_width if speculative(spec) else 0
+    if a.neighbours_k is not None and a.neighbours_k < width:
+        raise UserError(f"--neighbours-k {a.neighbours_k}: the method reads the {width} nearest codes of each code; "
+                        f"give --neighbours-k >= {width} or a lower --k")
     return a.neighbours_k if a.neighbours_k is not None or width <= NEIGHBOURS_MAX_K else width
 
 
