@@ -45,6 +45,8 @@ def overlay(world: dict, family: str) -> dict:
                       "vqgan_ckpt": world["vqgan_ckpt"], "tokenizer": world["tokenizer"], "pixels": 64,
                       "prompt_tokens": 32, "prompts": {"coco_captions": world["coco"]}},
         "neighbours": {"max_k": 21},
+        # the proximity check on the vanilla point's tokens through the VQGAN, at the smallest size that shows a shift
+        "proximity": {"fractions": [0.0, 0.5], "ranks": [1, "random"]},
         "sweep": {"n_images": 4, "shards": 2, "in_job_vanilla": True, "modes": ["sampling"],
                   "batch_size": {"sampling": 2, "greedy": 2}, "latency_images": 2,
                   "methods": methods},
@@ -91,8 +93,8 @@ def test_recipe_runs_the_whole_dag(world, tmp_path, family):
     for name in ("tradeoff", "round_anatomy", "samples_sampling", "proximity"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
     proximity = pd.read_csv(out / "proximity" / f"{family}.csv", dtype={"m": str})  # the vanilla point's 4 grids
-    assert (proximity["world"] == family).all() and (proximity["n_images"] == 4).all()
-    assert (proximity[proximity["fraction"] == 0]["mae"] == 0).all()
+    assert (proximity["world"] == family).all() and (proximity["n_images"] == 4).all() and len(proximity) == 4
+    assert (proximity[proximity["fraction"] == 0]["mae"] == 0).all() and (proximity["mae"] > 0).sum() == 2
 
 
 def test_a_chameleon_run_plans_proximity_on_its_vanilla_samples_through_the_vqgan(world, tmp_path):
@@ -103,7 +105,7 @@ def test_a_chameleon_run_plans_proximity_on_its_vanilla_samples_through_the_vqga
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     command = next(line for line in r.stdout.splitlines() if "lantern proximity" in line)
     yaml_path = str(Path(world["vqgan_ckpt"]).with_name("vqgan.yaml"))
-    for part in (f"--vq {world['vqgan_ckpt']} --vqgan-yaml {yaml_path} --neighbours results/neighbours/l2_K200.pt",
+    for part in (f"--vq {world['vqgan_ckpt']} --vqgan-yaml {yaml_path} --neighbours results/neighbours/l2_K21.pt",
                  "--tokens results/gen/sampling/vanilla/shard0/stats.csv results/gen/sampling/vanilla/shard1/stats.csv",
                  '"extractor": "inception-v3-compat"', "--world lumina-mgpt", "--out results/proximity/lumina-mgpt.csv"):
         assert part in command, (part, command)
