@@ -179,6 +179,7 @@ def test_chameleon_family_default_point_is_the_authors(chameleon, tmp_path, capf
      "method lantern with chain drafting needs the authors' drafter folder: give --drafter"),
     (["--prompts", "a cat", "--method", "exact", "--drafting", "jacobi", "--proactive", "2"],
      "--family lumina-mgpt (forced structural tokens): SJD-PAC's proactive tree does not run under a layout"),
+    (["--prompts", "a cat", "--method", "vanilla", "--pixels", "60"], "pixels = 60 must be a positive multiple of 16"),
     (["--prompts", "a cat", "--method", "gsd", "--drafting", "jacobi", "--k", "50", "--neighbours-k", "20"],
      "--neighbours-k 20: the method reads the 50 nearest codes of each code; give --neighbours-k >= 50"),
 ])

@@ -72,7 +72,8 @@ def parse_args(argv: list[str]):
                     "needs --t5; a Chameleon family: as text through its template)")
     ap.add_argument("-n", "--images", type=int, default=8, help="number of images (default 8)")
     ap.add_argument("--method", default=None, help="method family (`lantern methods`); default: lantern at the "
-                    "default run's point, --delta 0.1 --k 3")
+                    "default run's point, --delta 0.1 --k 3 (with --family the authors': --delta 0.1 --k 1000, the "
+                    "recipe's drafting and residual)")
     for (name, flag), param in zip(method_flags().items(), method_params().values()):
         ap.add_argument(flag, dest=f"m_{name}", default=None, metavar="VALUE", help=f"method {name}: {param.doc}")
     ap.add_argument("--drafting", default=None, help="drafting kind: chain, static, dynamic, jacobi")
@@ -144,14 +145,16 @@ def check_family_method(a, spec: dict) -> int | None:
     from lantern.api import NEIGHBOURS_MAX_K
     from lantern.engine.decoding.kinds import layout_refusal
     from lantern.engine.methods import drafting, needs_drafter, rule, speculative
+    from lantern.worlds.chameleon.world import DEFAULT_PIXELS, family_layout
 
     if needs_drafter(spec) and a.drafter is None:
         raise UserError(f"method {spec['name']} with {spec['drafting']} drafting needs the authors' drafter folder: "
                         "give --drafter (or --drafting jacobi, which needs none)")
-    if a.family == "lumina-mgpt" and speculative(spec):  # the world's layout forces eol / eoi
+    layout, _, _ = family_layout(a.family, DEFAULT_PIXELS[a.family] if a.pixels is None else a.pixels)
+    if layout is not None and speculative(spec):  # Lumina-mGPT's: forced eol / eoi tokens
         refused = layout_refusal(drafting(spec), a.compile == "true")
         if refused:
-            raise UserError(f"--family lumina-mgpt (forced structural tokens): {refused}")
+            raise UserError(f"--family {a.family} (forced structural tokens): {refused}")
     width = rule(spec).table_width if speculative(spec) else 0
     if a.neighbours_k is not None and a.neighbours_k < width:
         raise UserError(f"--neighbours-k {a.neighbours_k}: the method reads the {width} nearest codes of each code; "
