@@ -148,8 +148,6 @@ def png_restorer(vq_path: str, threads: int):
         """codes [1, N] -> uint8 [H, W, 3] of the shard's world, or None when it cannot be decoded here."""
         import torch
 
-        from lantern.errors import UserError
-
         world = manifest.get("chameleon")
         key = ("chameleon", json.dumps(world, sort_keys=True), manifest.get("vq")) if isinstance(world, dict) \
             else ("vq", vq_path)
