@@ -3,6 +3,8 @@ world written here (tests/chameleon_world.py: released-layout files at small wid
 images, random Inception weights): prompts -> neighbours from the VQGAN codebook -> sweeps -> metrics -> tables ->
 figures, the recipe scaled down by an overlay that only points at the fakes and shrinks the sweep."""
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -43,6 +45,8 @@ def overlay(world: dict, family: str) -> dict:
                       "vqgan_ckpt": world["vqgan_ckpt"], "tokenizer": world["tokenizer"], "pixels": 64,
                       "prompt_tokens": 32, "prompts": {"coco_captions": world["coco"]}},
         "neighbours": {"max_k": 21},
+        # the proximity check on the vanilla point's tokens through the VQGAN, at the smallest size that shows a shift
+        "proximity": {"fractions": [0.0, 0.5], "ranks": [1, "random"]},
         "sweep": {"n_images": 4, "shards": 2, "in_job_vanilla": True, "modes": ["sampling"],
                   "batch_size": {"sampling": 2, "greedy": 2}, "latency_images": 2,
                   "methods": methods},
@@ -86,8 +90,26 @@ def test_recipe_runs_the_whole_dag(world, tmp_path, family):
             sweep.loc["vanilla", "tau_authors"]
     else:
         assert "tau_authors" not in sweep
-    for name in ("tradeoff", "round_anatomy", "samples_sampling"):
+    for name in ("tradeoff", "round_anatomy", "samples_sampling", "proximity"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
+    proximity = pd.read_csv(out / "proximity" / f"{family}.csv", dtype={"m": str})  # the vanilla point's 4 grids
+    assert (proximity["world"] == family).all() and (proximity["n_images"] == 4).all() and len(proximity) == 4
+    assert (proximity[proximity["fraction"] == 0]["mae"] == 0).all() and (proximity["mae"] > 0).sum() == 2
+
+
+def test_a_chameleon_run_plans_proximity_on_its_vanilla_samples_through_the_vqgan(world, tmp_path):
+    """The latent-proximity check of a Chameleon world: the vanilla point's tokens, the sweep's neighbour table
+    (built from the VQGAN's codebook), the VQGAN read with its vqgan.yaml."""
+    r = subprocess.run(snakemake(tmp_path, RECIPES["lumina-mgpt"], overlay(world, "lumina-mgpt"), "-n", "-p",
+                                 "--cores", "1"), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    command = next(line for line in r.stdout.splitlines() if "lantern proximity" in line)
+    yaml_path = str(Path(world["vqgan_ckpt"]).with_name("vqgan.yaml"))
+    for part in (f"--vq {world['vqgan_ckpt']} --vqgan-yaml {yaml_path} --neighbours results/neighbours/l2_K21.pt",
+                 "--tokens results/gen/sampling/vanilla/shard0/stats.csv results/gen/sampling/vanilla/shard1/stats.csv",
+                 '"extractor": "inception-v3-compat"', "--world lumina-mgpt", "--out results/proximity/lumina-mgpt.csv"):
+        assert part in command, (part, command)
+    assert "lantern figure proximity" in r.stdout
 
 
 def sample_args(world: dict, tmp_path, method: dict, compile: str = "auto") -> list[str]:

@@ -113,3 +113,96 @@ def test_out_is_checked_before_decoding_and_named_in_write_errors(tmp_path, capf
     err = capfd.readouterr().err.strip()
     assert "cannot write one.png: no space left on the device" in err and "give --out a disk with room" in err
     assert "outdir" not in err and "\n" not in err
+
+
+# --- a Chameleon family (#59): tiny released-layout files (tests/tiny_chameleon.write_world), 64 px = 4 x 4 codes
+CHAMELEON_PROMPTS = ["a red cat", "a cat on the mat , a red mat"]  # words of the test vocabulary
+
+
+@pytest.fixture(scope="module")
+def chameleon(tmp_path_factory, one_thread):  # noqa: F811 (fixture)
+    from tiny_chameleon import write_world
+
+    return {k: str(v) for k, v in write_world(tmp_path_factory.mktemp("chameleon"), positions=128).items()}
+
+
+def family_flags(files: dict, family: str, drafter: bool = True) -> list[str]:
+    flags = ["--family", family, "--target", files["target"], "--vqgan-ckpt", files["vqgan_ckpt"], "--tokenizer",
+             files["tokenizer"], "--pixels", "64", "--prompt-tokens", "32", "--device", "cpu", "--dtype", "fp32",
+             "--threads", "1"]
+    return flags + (["--drafter", files["drafter"]] if drafter else [])
+
+
+def test_chameleon_family_writes_the_apis_grid_with_the_authors_sampling(chameleon, tmp_path, capfd):
+    """Lumina-mGPT with the authors' static tree: the grid is lantern.generate's on load_chameleon's world (CFG 3,
+    top-k 2000 unless a flag says otherwise), tau printed as ours and as the authors' count, the plain-AR baseline."""
+    out = tmp_path / "grid.png"
+    method = ["--method", "lantern", "--delta", "0.1", "--k", "20", "--drafting", "static", "--tree", "mc_sim_7b_63",
+              "--residual", "lumina"]
+    assert cli.main(["generate", *family_flags(chameleon, "lumina-mgpt"), "--prompts", *CHAMELEON_PROMPTS, "-n",
+                     "3", "--seed", "5", "--columns", "3", *method, "--quiet", "--out", str(out)]) == 0
+    printed = capfd.readouterr().out
+    world = lantern.load_chameleon("lumina-mgpt", **chameleon, pixels=64, prompt_tokens=32, device="cpu",
+                                   dtype="fp32")
+    want = lantern.generate(world, CHAMELEON_PROMPTS + CHAMELEON_PROMPTS[:1], "lantern", delta=0.1, k=20,
+                            drafting="static", tree="mc_sim_7b_63", residual="lumina", seed=5)
+    assert np.array_equal(np.asarray(Image.open(out)), np.asarray(want.grid(columns=3)))
+    assert Image.open(out).size == (3 * 8, 8)  # 4 x 4 codes, the tiny VQGAN (stride 2) draws 8 x 8 px
+    assert f"lantern-static-mc_sim_7b_63-d0.1-k20-lumina (sampling): 3 images, tau {want.tau:.2f} (the authors' " \
+           "count, forced tokens included: " in printed
+    assert "plain AR on the same seeds: " in printed and "x (one process" in printed
+    other = lantern.generate(world, CHAMELEON_PROMPTS[:1], "vanilla", seed=5, sampling={"cfg_scale": 1.0})
+    assert cli.main(["generate", *family_flags(chameleon, "lumina-mgpt", drafter=False), "--prompts",
+                     CHAMELEON_PROMPTS[0], "-n", "1", "--seed", "5", "--method", "vanilla", "--cfg-scale", "1",
+                     "--quiet", "--out", str(out)]) == 0
+    assert np.array_equal(np.asarray(Image.open(out)), other.pixels[0])  # a sampling flag overrides the authors'
+
+
+def test_chameleon_family_default_point_is_the_authors(chameleon, tmp_path, capfd):
+    """No --method: the authors' LANTERN defaults (delta 0.1, k 1000) with the family's drafting and residual."""
+    out = tmp_path / "grid.png"
+    assert cli.main(["generate", *family_flags(chameleon, "anole"), "--prompts", CHAMELEON_PROMPTS[1], "-n", "1",
+                     "--no-baseline", "--quiet", "--out", str(out)]) == 0
+    printed = capfd.readouterr().out
+    assert "lantern-dynamic-" in printed and "-d0.1-k1000-reference (sampling): 1 images, tau " in printed
+    assert "the authors' count" not in printed and "speed-up" not in printed  # Anole forces no token
+    assert Image.open(out).size == (8, 8)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--classes", "0", "--prompts", "a cat"], "--classes are for class-conditional worlds; a lumina-mgpt world "
+     "takes --prompts as text"),
+    (["--prompts", "a cat", "--gpt-ckpt", "c2i_B_256.pt", "--image-size", "256"],
+     "--gpt-ckpt, --image-size describe a LlamaGen world, not a lumina-mgpt one"),
+    ([], "a lumina-mgpt world draws each image for a prompt: give --prompts"),
+    (["--prompts", "a cat", "--method", "lantern", "--delta", "0.1", "--k", "5"],
+     "method lantern with chain drafting needs the authors' drafter folder: give --drafter"),
+    (["--prompts", "a cat", "--method", "exact", "--drafting", "jacobi", "--proactive", "2"],
+     "--family lumina-mgpt (forced structural tokens): SJD-PAC's proactive tree does not run under a layout"),
+    (["--prompts", "a cat", "--method", "vanilla", "--pixels", "60"], "pixels = 60 must be a positive multiple of 16"),
+    (["--prompts", "a cat", "--method", "gsd", "--drafting", "jacobi", "--k", "50", "--neighbours-k", "20"],
+     "--neighbours-k 20: the method reads the 50 nearest codes of each code; give --neighbours-k >= 50"),
+])
+def test_chameleon_bad_combinations_are_one_line(argv, message, chameleon, capfd, monkeypatch):
+    from lantern.worlds.chameleon import hf
+
+    monkeypatch.setattr(hf, "load_target", lambda *a, **k: pytest.fail("weights read before the check"))
+    assert cli.main(["generate", *family_flags(chameleon, "lumina-mgpt", drafter=False), *argv]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--family", "parti"], "--family parti: not a Chameleon family; use one of anole, lumina-mgpt"),
+    (["--family", "anole", "--target", "t"], "--family anole needs --vqgan-ckpt, --tokenizer"),
+    (["--target", "t", "--pixels", "64"], "--target, --pixels describe a Chameleon world: also give --family"),
+    (["--family", "anole", "--target", "no/such/folder", "--vqgan-ckpt", "no/vqgan.ckpt", "--tokenizer", "tok.json"],
+     "anole target: folder no/such/folder does not exist; anole vqgan_ckpt: file no/vqgan.ckpt does not exist; "
+     "anole vqgan_yaml: file no/vqgan.yaml does not exist; anole tokenizer: file or folder tok.json does not exist"),
+])
+def test_chameleon_flags_without_files_are_one_line(argv, message, tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["generate", "--prompts", "a cat", "--no-baseline", "--method", "vanilla", "--device", "cpu",
+                     *argv]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err

@@ -236,3 +236,39 @@ def test_interchangeable_rank_is_the_last_rank_before_the_noise_band_is_left():
     assert interchangeable_rank(table({1: 0.2, 5: 1.2, 20: 0.9})) == 1
     assert interchangeable_rank(table({1: 1.5, 5: 2.0})) is None
     assert interchangeable_rank(table({1: 0.1}), fraction=0.1) is None  # the fraction was not measured
+
+
+def test_a_chameleon_vqgan_is_scored_on_the_vanilla_samples_as_its_world_draws_them(world, tmp_path, monkeypatch):
+    """--vqgan-yaml: Chameleon's VQGAN through its reader, on `lantern sample --family` tokens and the table
+    `lantern chameleon-neighbours` builds; its decodes are the shard's PNGs (uint8 by truncation, the world's
+    pixels_of), the null variants shift nothing, and a rank swaps exactly its fraction of the codes."""
+    import numpy as np
+
+    from lantern.metrics.proximity import decode
+    from lantern.pipeline import sample
+    from lantern.worlds.chameleon.world import load_vqgan
+    from lantern.worlds.llamagen.prompts import write_prompts
+    from tiny_chameleon import write_world
+
+    monkeypatch.chdir(tmp_path)
+    files = {k: str(v) for k, v in write_world(tmp_path / "w", positions=128).items()}
+    yaml_path = str(tmp_path / "w" / "tokenizer" / "vqgan.yaml")
+    write_prompts([(str(i), c) for i, c in enumerate(["a red cat", "a cat", "a mat", "the red cat"])], "prompts.csv")
+    sample.main(["--family", "anole", "--target", files["target"], "--vq", files["vqgan_ckpt"], "--tokenizer",
+                 files["tokenizer"], "--pixels", "64", "--prompt-tokens", "32", "--prompts", "prompts.csv", "--end", "4",
+                 "--device", "cpu", "--threads", "1", "--quiet", "--no-warmup", "--out", "shard0"])
+    assert lantern(["chameleon-neighbours", "--vq", files["vqgan_ckpt"], "--vqgan-yaml", yaml_path, "--out", "nb.pt",
+                    "--params", '{"metric": "l2", "k": 5}']) == 0
+    argv = args(world, tmp_path, **{"--vq": files["vqgan_ckpt"], "--neighbours": "nb.pt", "--tokens": "shard0/stats.csv",
+                                    "--world": "anole"})
+    assert lantern([*argv, "--vqgan-yaml", yaml_path]) == 0
+    df = pd.read_csv("p.csv", dtype={"m": str})
+    assert len(df) == len(FRACTIONS) * len(RANKS) and (df["world"] == "anole").all() and (df["n_images"] == 4).all()
+    null = df[(df["fraction"] == 0) | (df["m"] == "0")]
+    assert (null["mae"] == 0).all() and (null["fd"].abs() < 1e-6).all()
+    for m in (1, 3, RANDOM):
+        assert row(df, 0.5, m)["tokens_changed"] == pytest.approx(0.5) and row(df, 0.5, m)["mae"] > 0
+    tokens = torch.tensor([[int(t) for t in s.split()] for s in pd.read_csv("shard0/stats.csv")["tokens"]])
+    pixels = decode(load_vqgan(files["vqgan_ckpt"], yaml_path, torch.device("cpu")), tokens, 3, "cpu")
+    pngs = np.stack([np.asarray(Image.open(f"shard0/images/{i:06d}.png")) for i in range(4)])
+    assert np.array_equal(pixels.permute(0, 2, 3, 1).numpy(), pngs)

@@ -138,3 +138,60 @@ def test_tables_name_a_short_stats_table_and_its_redraw(tmp_path, capsys):
     captured = capsys.readouterr()
     assert_one_line(rc, captured.out, captured.err, rf"{stats} is short: it holds \d+ rows, but the shard's manifest "
                     rf"records \d+ images; redraw it .* `--forcerun={shards[0]}`")
+
+
+@pytest.fixture(scope="module")
+def chameleon_files(tmp_path_factory):
+    from tiny_chameleon import write_world
+
+    return {k: str(v) for k, v in write_world(tmp_path_factory.mktemp("chameleon"), positions=128).items()}
+
+
+@pytest.mark.parametrize("family", ["anole", "lumina-mgpt"])
+def test_damaged_pngs_of_a_sound_chameleon_shard_are_restored_through_its_vqgan(family, chameleon_files, tmp_path,
+                                                                                 monkeypatch):
+    """A Chameleon shard's PNG is its tokens through the VQGAN its manifest records (uint8 by truncation, as
+    `lantern sample --family` wrote it): deleted or corrupted, it comes back byte-identical and nothing is redrawn.
+    A sound shard loads no VQGAN; one whose recorded VQGAN is gone is set aside for its redraw instead."""
+    import shutil
+
+    from lantern.pipeline.verify import png_restorer, verify_results
+    from lantern.worlds.chameleon import world as chameleon_world
+    from lantern.worlds.llamagen.prompts import write_prompts
+
+    monkeypatch.chdir(tmp_path)
+    write_prompts([("0", "a red cat"), ("1", "a cat on the mat , a red mat")], tmp_path / "prompts.csv")
+    files = chameleon_files
+    shard = Path("results/gen/sampling/vanilla/shard0")
+    sample.main(["--family", family, "--target", files["target"], "--vq", files["vqgan_ckpt"], "--tokenizer",
+                 files["tokenizer"], "--pixels", "64", "--prompt-tokens", "32", "--prompts", "prompts.csv",
+                 "--end", "2", "--device", "cpu", "--threads", "1", "--quiet", "--no-warmup", "--out", str(shard)])
+    whole = shutil.copytree(shard, tmp_path / "whole")
+    sweep = {"results/metrics/sampling/vanilla.json": [str(shard)]}
+
+    loads = []
+    real = chameleon_world.vqgan_pixels
+    monkeypatch.setattr(chameleon_world, "vqgan_pixels", lambda *a, **k: loads.append(a) or real(*a, **k))
+    found = verify_results("results", sweep, "results/tables", digests=True, restore=png_restorer("", 1))
+    assert found.lines == [] and found.shards == 1 and loads == []  # nothing damaged: no VQGAN read
+
+    (shard / "images" / "000000.png").unlink()
+    data = (shard / "images" / "000001.png").read_bytes()
+    (shard / "images" / "000001.png").write_bytes(data[:20] + bytes(len(data) - 20))  # its size, not its bytes
+    found = verify_results("results", sweep, "results/tables", restore=png_restorer("", 1))
+    assert len(found.lines) == 1 and found.lines[0].endswith("; restored 2 image(s) from the tokens in its "
+                                                             "stats.csv, each holding its recorded sha256 again: "
+                                                             "nothing to redraw"), found.lines
+    assert loads == [(family, files["vqgan_ckpt"], None, 64)]  # the world its manifest records, read once
+    for name in ("000000.png", "000001.png", "stats.csv", "manifest.json"):
+        assert (shard / "images" / name if name.endswith(".png") else shard / name).read_bytes() == \
+            (whole / "images" / name if name.endswith(".png") else whole / name).read_bytes(), name
+    assert not Path("results/damaged").exists()
+    assert verify_results("results", sweep, "results/tables", digests=True, restore=png_restorer("", 1)).lines == []
+
+    manifest = json.loads((shard / "manifest.json").read_text())
+    (shard / "manifest.json").write_text(json.dumps(dict(manifest, vq="gone/vqgan.ckpt")))
+    (shard / "images" / "000000.png").unlink()
+    lines = verify_results("results", sweep, "results/tables", restore=png_restorer("", 1)).lines
+    assert len(lines) == 1 and "; set aside as results/damaged/" in lines[0] and "this run redraws it" in lines[0]
+    assert not shard.exists()

@@ -241,14 +241,14 @@ def chameleon_prompt_source():
 # --- the latent-proximity check (proximity.smk) ---
 
 PROXIMITY = config["proximity"]
-PROXIMITY_NAMES = [f"toy-{w}" for w in WORLDS] if TOY else ["llamagen"]
+PROXIMITY_NAMES = [f"toy-{w}" for w in WORLDS] if TOY else [CH["family"]] if CHAMELEON else ["llamagen"]
 # the sweep's own table when it holds every rank, else one with enough columns (the same rules build either)
 PROXIMITY_K = max([config["neighbours"]["max_k"]] + [m for m in PROXIMITY["ranks"] if m != "random"])
 PROXIMITY_FIDELITY = evaluate_params(config, clip_ckpt())["fidelity"]
 
 
 def proximity_outputs():
-    if not PROXIMITY["enabled"] or CHAMELEON:  # proximity decodes LlamaGen-family VQs only
+    if not PROXIMITY["enabled"]:
         return []
     return expand(f"{OUT}/proximity/{{name}}.csv", name=PROXIMITY_NAMES) + [f"{OUT}/figures/proximity.png"]
 
@@ -271,9 +271,9 @@ def proximity_token_shards():
 
 def proximity_inputs(wildcards):
     metric = config["neighbours"]["metric"]
-    if wildcards.name == "llamagen":
+    if not TOY:  # llamagen or a Chameleon family: the sweep's VQ and table, the vanilla point's tokens
         inputs = {"vq": vq_ckpt(), "neighbours": f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt",
-                  "tokens": proximity_token_shards()}
+                  "tokens": proximity_token_shards(), **({"yaml": VQGAN_YAML} if CHAMELEON else {})}
     else:
         world = wildcards.name.removeprefix("toy-")
         table = (f"{OUT}/neighbours/{metric}_K{PROXIMITY_K}.pt" if world == "default"
@@ -287,7 +287,7 @@ def proximity_inputs(wildcards):
 
 
 def proximity_tokens(wildcards, input):
-    if wildcards.name == "llamagen":
+    if not TOY:
         return " ".join(shlex.quote(f"{shard}/stats.csv") for shard in input.tokens)
     return shlex.quote(input.tokens)
 
@@ -304,6 +304,6 @@ check_before_jobs(
     {f"{OUT}/metrics/{m}/{p}.json": [f"{OUT}/gen/{m}/{p}/shard{j}" for j in SHARDS]
      for m in MODES for p in sorted(mode_points(POINTS, m))},
     f"{OUT}/tables",
-    "" if CHAMELEON else vq_ckpt(),  # a Chameleon shard's damaged PNGs are redrawn with the shard
+    "" if CHAMELEON else vq_ckpt(),  # a Chameleon shard is restored through the VQGAN its manifest records
     threads_arg(1),  # the generate rule's
 )

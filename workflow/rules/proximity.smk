@@ -2,8 +2,8 @@
 # proximity` replaces a fraction of held-out tokens by their m-th nearest neighbour, decodes them with the VQ and
 # scores the shift with the run's FD extractor (the default toy world: also with its class-accuracy classifier,
 # how often a swap keeps the decode's class). Toy world: every toy world's held-out split (its own VQ and
-# neighbour table); llamagen: the tokens of the vanilla sweep point (real images may be given only as FID
-# statistics, while the vanilla samples exist in every run).
+# neighbour table); llamagen and a Chameleon family: the tokens of the vanilla sweep point (real images may be given
+# only as FID statistics, while the vanilla samples exist in every run), a Chameleon VQGAN read with its vqgan.yaml.
 
 
 rule proximity:
@@ -30,7 +30,9 @@ rule proximity:
     conda:
         "../../environment.yml"
     shell:
-        "lantern-gpu-run lantern proximity --vq {input.vq:q} --neighbours {input.neighbours:q} --tokens {params.tokens}"
+        # other worlds' command stays as it was, so that their finished tables are not rerun for a new rule text
+        "lantern-gpu-run lantern proximity --vq {input.vq:q}" + (" --vqgan-yaml {input.yaml:q}" if CHAMELEON else "")
+        + " --neighbours {input.neighbours:q} --tokens {params.tokens}"
         " --fidelity {params.fidelity} --params {params.p} --world {wildcards.name} --out {output.table:q}"
         " --strip {output.strip:q} {params.classifier} --device {params.device} --threads {params.threads} > {log:q} 2>&1"
 

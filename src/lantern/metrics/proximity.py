@@ -21,8 +21,12 @@ Invariants:
   The paired FD of a variant carries no such sampling noise: it is 0 at f = 0.
 
 Token grids: a `lantern tokenize` file (the toy world: its held-out split), or `lantern sample` stats.csv files,
-whose `tokens` column holds every image's codes (the llamagen world: the vanilla sweep point's own samples, which
-every run makes, while its real images may be given only as FID statistics).
+whose `tokens` column holds every image's codes (the llamagen and Chameleon worlds: the vanilla sweep point's own
+samples, which every run makes, while their real images may be given only as FID statistics).
+
+The VQ: a LlamaGen-family checkpoint (--vq), decoded and rounded to uint8 as `lantern sample` writes its PNGs; or,
+with --vqgan-yaml, Chameleon's VQGAN (vqgan.ckpt at --vq) through its reader, decoded as a Chameleon world writes its
+PNGs (worlds/chameleon/world.pixels_of: uint8 by truncation, as the authors do).
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from torch import Tensor
 from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_features_to_statistics, fid_statistics_to_metric
 
 from lantern.engine.models.checkpoint import parse_device
+from lantern.engine.models.vqgan import VQGAN
 from lantern.engine.rules.neighbours import load_neighbours, read_codebook
+from lantern.worlds.chameleon.world import load_vqgan, pixels_of
 from lantern.worlds.llamagen.upstream import load_vq
 from lantern.errors import UserError
 from lantern.io import atomic_path, load_torch, read_csv, read_structured
@@ -130,12 +136,22 @@ def replace(tokens: Tensor, rank: Tensor, fraction: float, m, table: Tensor, ran
 
 @torch.no_grad()
 def decode(vq, tokens: Tensor, batch: int, device) -> Tensor:
-    """uint8 [n, 3, H, W], rounded as `lantern sample` writes its PNGs; always in the same batches."""
+    """uint8 [n, 3, H, W] as the VQ's world writes its PNGs (a LlamaGen VQ rounded as `lantern sample`; a Chameleon
+    VQGAN truncated, through its world's pixels_of); always in the same batches."""
     out = []
     for lo in range(0, len(tokens), batch):
-        x = vq.decode_code(tokens[lo : lo + batch].to(device))
+        codes = tokens[lo : lo + batch].to(device)
+        if isinstance(vq, VQGAN):
+            out.append(torch.from_numpy(pixels_of(vq, math.isqrt(codes.shape[1]))(codes)).permute(0, 3, 1, 2))
+            continue
+        x = vq.decode_code(codes)
         out.append(((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu())
     return torch.cat(out)
+
+
+def codebook_of(vq) -> Tensor:
+    """The code vectors the decoder sees [V, D] (float64, CPU)."""
+    return (vq.codebook if isinstance(vq, VQGAN) else vq.quantize.codebook()).detach().cpu().double()
 
 
 @torch.no_grad()
@@ -183,14 +199,14 @@ def measure(vq, tokens: Tensor, table: Tensor, net, fp: FidelityParams, p: Proxi
     n, N = tokens.shape
     g = torch.Generator().manual_seed(p.seed)
     rank = torch.rand(n, N, generator=g).argsort(1).argsort(1)
-    r = torch.randint(0, vq.args.codebook_size - 1, (n, N), generator=g)
+    codebook = codebook_of(vq)
+    r = torch.randint(0, codebook.shape[0] - 1, (n, N), generator=g)
     random_codes = r + (r >= tokens)  # uniform over the other codes
     halves = torch.randperm(n, generator=g)
     orig = decode(vq, tokens, p.batch, device)
     f_orig = features(net, orig, fp, p.batch, device)
     c_orig = None if classifier is None else predict(classifier, orig, p.batch)
     noise = frechet(f_orig[halves[: n // 2]], f_orig[halves[n // 2 : 2 * (n // 2)]])
-    codebook = vq.quantize.codebook().detach().cpu().double()  # the vectors the decoder sees
     rows = []
     for fraction in p.fractions:
         for m in p.ranks:
@@ -229,7 +245,10 @@ def interchangeable_rank(df: pd.DataFrame, fraction: float = 0.25) -> int | None
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="lantern proximity", description=__doc__.split("\n")[0])
-    ap.add_argument("--vq", required=True, help="VQ checkpoint that decodes the grids")
+    ap.add_argument("--vq", required=True, help="VQ checkpoint that decodes the grids (with --vqgan-yaml: "
+                    "Chameleon's vqgan.ckpt)")
+    ap.add_argument("--vqgan-yaml", default=None, help="a Chameleon world: the VQGAN's vqgan.yaml (--vq is its "
+                    "vqgan.ckpt), read through its reader and decoded as the world writes its PNGs")
     ap.add_argument("--neighbours", required=True, help="`lantern neighbours` table built for this VQ")
     ap.add_argument("--tokens", nargs="+", required=True, help="held-out grids: a `lantern tokenize` file, or "
                     "`lantern sample` stats.csv file(s) (tokens column)")
@@ -252,7 +271,12 @@ def main(argv: list[str]) -> None:
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     tokens, source = read_grids(a.tokens)
-    codebook = read_codebook(a.vq)
+    if a.vqgan_yaml is not None:
+        from lantern.worlds.chameleon.vqgan import read_codebook as read_vqgan_codebook
+
+        codebook = read_vqgan_codebook(a.vq, a.vqgan_yaml)  # checked against vqgan.yaml, as the table was built
+    else:
+        codebook = read_codebook(a.vq)
     V = codebook.shape[0]
     if tokens.min() < 0 or tokens.max() >= V:
         raise UserError(f"--tokens hold codes {tokens.min()}..{tokens.max()} but {a.vq} has {V} codes; give grids "
@@ -262,7 +286,7 @@ def main(argv: list[str]) -> None:
     table, metric = check_table(a.neighbours, codebook, p.max_rank)
     net, sha = fid_feature_extractor(fp.extractor, fp.weights_path)  # a bad extractor fails before any decoding
     classifier = None if a.classifier is None else load_classifier(a.classifier, str(device))
-    vq = load_vq(a.vq, device=str(device))
+    vq = load_vq(a.vq, device=str(device)) if a.vqgan_yaml is None else load_vqgan(a.vq, a.vqgan_yaml, device)
     net = net.to(device).eval()
     tokens = tokens[: p.n_images]
     if len(tokens) < 4:

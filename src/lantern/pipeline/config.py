@@ -256,10 +256,10 @@ def _check_sweep(cfg: dict) -> None:
 
 
 def proximity_codebooks(cfg: dict) -> dict[str, int]:
-    """The codebook of every world `lantern proximity` runs on (its job names: toy-default, toy-clean, llamagen);
-    none in a Chameleon world (proximity decodes LlamaGen-family VQs only)."""
+    """The codebook of every world `lantern proximity` runs on (its job names: toy-default, toy-clean, llamagen, or
+    a Chameleon world's family: its VQGAN's)."""
     if cfg["world"] == "chameleon":
-        return {}
+        return {cfg["chameleon"]["family"]: codebook_size(cfg)}
     if cfg["world"] == "llamagen":
         return {"llamagen": codebook_size(cfg)}
     from lantern.hparams import VQParams

@@ -62,11 +62,16 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 DIGEST = "png_sha256"
 
 
-def save_png(array: np.ndarray, path: Path) -> str:
-    """Write the PNG; return the sha256 of the bytes encoded (what the file must hold to be kept on a resume)."""
+def png_bytes(array: np.ndarray) -> bytes:
+    """An image's PNG file, as every shard's image is encoded (the repair re-encodes a redrawn one the same way)."""
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="PNG")
-    data = buf.getvalue()
+    return buf.getvalue()
+
+
+def save_png(array: np.ndarray, path: Path) -> str:
+    """Write the PNG; return the sha256 of the bytes encoded (what the file must hold to be kept on a resume)."""
+    data = png_bytes(array)
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return hashlib.sha256(data).hexdigest()

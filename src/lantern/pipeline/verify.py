@@ -10,10 +10,11 @@ the DAG is built, and each item of the sweep is checked:
 - the tables (tables/*): all four there, sweep.csv one row per (mode, point) with its shards' image count,
   positions.csv n_tokens rows per point, depths.csv and summary.md readable.
 Damaged PNGs of a shard whose manifest and stats.csv are sound are first redrawn from their rows' tokens by the VQ
-and kept when they hold their recorded sha256 (png_restorer): nothing else changes then. Otherwise a damaged item
-is moved (never deleted) to <outdir>/damaged/<time>/, under its own relative path; the results
-computed from a damaged or missing item get a modification time in 1970 (STALE_NS), so Snakemake reruns them and,
-through them, remakes what is missing. One line per item says what was found and what the run does about it.
+(a Chameleon shard's: the VQGAN its manifest records) and kept when they hold their recorded sha256 (png_restorer):
+nothing else changes then. Otherwise a damaged item is moved (never deleted) to <outdir>/damaged/<time>/, under its
+own relative path; the results computed from a damaged or missing item get a modification time in 1970 (STALE_NS),
+so Snakemake reruns them and, through them, remakes what is missing. One line per item says what was found and what
+the run does about it.
 
 Digests: the fast path (the default) trusts a file whose size is the recorded one and which is not newer than its
 manifest, and hashes the others (under a manifest written before sizes were recorded, a PNG must also end in its
@@ -135,29 +136,53 @@ def shard_fault(shard: Path, digests: bool, found: Findings) -> ShardCheck:
 
 def png_restorer(vq_path: str, threads: int):
     """restore(shard, names, manifest) -> whether every named PNG was redrawn from the tokens its stats.csv row
-    holds, decoded by the VQ alone as `lantern sample` decodes it, and found to hold its recorded sha256 (then
-    written under the manifest's time, so nothing that read the shard is rerun). A decode that differs (another
-    device or thread count) restores nothing: the shard is then redrawn; so does an empty `vq_path` (a Chameleon
-    world, whose VQGAN this restorer does not decode)."""
+    holds, decoded by the world's VQ alone as `lantern sample` decodes it, and found to hold its recorded sha256
+    (then written under the manifest's time, so nothing that read the shard is rerun). The VQ: for a Chameleon
+    shard, the VQGAN its manifest records (family, --vq, --vqgan-yaml, --pixels), decoded as its PNGs were
+    (worlds/chameleon/world.pixels_of); else `vq_path`, the run's LlamaGen-family VQ (empty: none). Each is loaded
+    on the first damaged image that needs it, never when nothing is damaged. A decode that differs (another device
+    or thread count) restores nothing: the shard is then redrawn."""
     state: dict = {}
 
+    def decoder(manifest: dict):
+        """codes [1, N] -> uint8 [H, W, 3] of the shard's world, or None when it cannot be decoded here."""
+        import torch
+
+        world = manifest.get("chameleon")
+        key = ("chameleon", json.dumps(world, sort_keys=True), manifest.get("vq")) if isinstance(world, dict) \
+            else ("vq", vq_path)
+        if key not in state:
+            torch.set_num_threads(threads)  # the generate rule's, as its PNGs were decoded
+            try:
+                if isinstance(world, dict):
+                    from lantern.worlds.chameleon.world import vqgan_pixels
+
+                    pixels = vqgan_pixels(world["family"], manifest["vq"], world.get("vqgan_yaml"), world.get("pixels"))
+                    state[key] = lambda codes: pixels(codes)[0]
+                elif vq_path:
+                    from lantern.pipeline.sample import to_uint8
+                    from lantern.worlds.llamagen.upstream import load_vq
+
+                    vq = load_vq(vq_path, device="cpu")
+                    state[key] = lambda codes: to_uint8(vq.decode_code(codes))[0]
+                else:
+                    state[key] = None
+            except (UserError, KeyError, TypeError, OSError):  # its files gone or unreadable: redraw instead
+                state[key] = None
+        return state[key]
+
     def restore(shard: Path, names: list[str], manifest: dict) -> bool:
-        if not vq_path:
-            return False
         import hashlib
-        import io
 
         import pandas as pd
         import torch
-        from PIL import Image
 
-        from lantern.worlds.llamagen.upstream import load_vq
         from lantern.io import atomic_path
-        from lantern.pipeline.sample import to_uint8
+        from lantern.pipeline.sample import png_bytes
 
-        if "vq" not in state:
-            torch.set_num_threads(threads)
-            state["vq"] = load_vq(vq_path, device="cpu")
+        pixels = decoder(manifest)
+        if pixels is None:
+            return False
         try:
             rows = pd.read_csv(shard / "stats.csv", usecols=["image_index", "tokens"], dtype={"tokens": str})
         except ValueError:  # no tokens column
@@ -168,13 +193,12 @@ def png_restorer(vq_path: str, threads: int):
             try:
                 codes = torch.tensor([[int(t) for t in str(tokens[int(name.removesuffix(".png"))]).split()]])
                 with torch.no_grad():
-                    buf = io.BytesIO()
-                    Image.fromarray(to_uint8(state["vq"].decode_code(codes))[0]).save(buf, format="PNG")
+                    png = png_bytes(pixels(codes))
             except (KeyError, ValueError, IndexError, RuntimeError):  # tokens this VQ cannot decode: redraw instead
                 return False
-            if hashlib.sha256(buf.getvalue()).hexdigest() != want[name]:
+            if hashlib.sha256(png).hexdigest() != want[name]:
                 return False
-            data[name] = buf.getvalue()
+            data[name] = png
         made = (shard / "manifest.json").stat().st_mtime_ns
         for name, png in data.items():
             with atomic_path(shard / "images" / name) as tmp:
@@ -368,7 +392,8 @@ def check_before_jobs(workflow, out: str, metrics: Mapping[str, Sequence[str]], 
                       threads: int) -> None:
     """The Snakefile's call: in the main Snakemake process of a command that runs jobs, check the existing results
     and print one line per finding and a closing line with the time it took. `vq` and `threads`: the VQ and the
-    CPU thread count of the generation jobs, to restore damaged images from their tokens."""
+    CPU thread count of the generation jobs, to restore damaged images from their tokens (a Chameleon shard's
+    VQGAN is the one its manifest records)."""
     if not workflow.is_main_process or not executes_jobs(sys.argv):
         return
     if any(Path(".snakemake", "locks").glob("*")):  # another Snakemake is at work here, or a killed one's lock

@@ -64,14 +64,45 @@ def family_layout(family: str, pixels: int):
     return layout, extra, pixels // PATCH
 
 
+def load_vqgan(vqgan_ckpt, vqgan_yaml, where: torch.device) -> torch.nn.Module:
+    """The VQGAN from vqgan.ckpt + vqgan.yaml (read through its reader, checked against the yaml) on `where`."""
+    from lantern.engine.models.vqgan import build_vqgan
+    from lantern.worlds.chameleon.vqgan import read_vqgan
+
+    spec, sd = read_vqgan(vqgan_ckpt, vqgan_yaml)
+    return build_vqgan(spec, sd, vqgan_ckpt, vqgan_yaml, where).eval()
+
+
+def pixels_of(vq: torch.nn.Module, side: int) -> Callable:
+    """codes [B, side * side] -> uint8 [B, H, W, 3] on the CPU: the VQGAN's decode truncated to uint8, as the
+    authors do. The one way a Chameleon world's codes become pixels: lantern.generate, `lantern sample`'s PNGs, and
+    the repair that redraws a damaged PNG from its tokens (vqgan_pixels)."""
+    from lantern.worlds.chameleon.vqgan import decode_codes
+
+    def to_pixels(codes):
+        return decode_codes(vq, codes.reshape(codes.shape[0], side, side)).cpu().numpy()
+
+    return to_pixels
+
+
+def vqgan_pixels(family: str, vqgan_ckpt, vqgan_yaml=None, pixels: int | None = None,
+                 where: torch.device = torch.device("cpu")) -> Callable:
+    """pixels_of a world's VQGAN alone (no target, no tokenizer), from what a shard's manifest records of its world
+    (`lantern sample --family`: family, --vq, --vqgan-yaml, --pixels; None: their defaults)."""
+    from lantern.worlds.chameleon.vqgan import default_yaml
+
+    _, _, side = family_layout(family, DEFAULT_PIXELS[family] if pixels is None else pixels)
+    vq = load_vqgan(vqgan_ckpt, vqgan_yaml if vqgan_yaml is not None else default_yaml(vqgan_ckpt), where)
+    return pixels_of(vq, side)
+
+
 def load_pieces(family: str, target, vqgan_ckpt, tokenizer, where: torch.device, dtype: str, drafter=None,
                 vqgan_yaml=None, pixels: int | None = None, prompt_tokens: int = 128) -> ChameleonPieces:
     """The world's pieces on device `where` in `dtype` (lantern.load_chameleon documents the arguments)."""
-    from lantern.engine.models.vqgan import build_vqgan
     from lantern.worlds.chameleon import prompts as cp
     from lantern.worlds.chameleon.hf import load_drafter, load_target
     from lantern.worlds.chameleon.tokenizer import IMAGE_OFFSET, load_vocab
-    from lantern.worlds.chameleon.vqgan import decode_codes, default_yaml, read_vqgan
+    from lantern.worlds.chameleon.vqgan import default_yaml
 
     if family not in cp.FAMILIES:
         raise UserError(f"family {family!r} is not a Chameleon family; use one of {', '.join(cp.FAMILIES)}")
@@ -85,11 +116,10 @@ def load_pieces(family: str, target, vqgan_ckpt, tokenizer, where: torch.device,
         raise UserError(f"prompt_tokens = {prompt_tokens!r} must be an integer >= 4 (the prompt slots)")
     tok, vocab = load_vocab(tokenizer)  # checked: code c at id c + 4, the structural ids the authors hard-code
     null = cp.uncond_ids(family, vocab, tok, pixels)
-    spec, sd = read_vqgan(vqgan_ckpt, vqgan_yaml)
-    if spec.n_embed != vocab.num_codes:
-        raise UserError(f"vqgan: {vqgan_yaml} has {spec.n_embed} codes but tokenizer {tokenizer} names "
+    vq = load_vqgan(vqgan_ckpt, vqgan_yaml, where)
+    if vq.spec.n_embed != vocab.num_codes:
+        raise UserError(f"vqgan: {vqgan_yaml} has {vq.spec.n_embed} codes but tokenizer {tokenizer} names "
                         f"{vocab.num_codes} image tokens; give the model's own tokenizer folder")
-    vq = build_vqgan(spec, sd, vqgan_ckpt, vqgan_yaml, where).eval()
     steps = side * side if layout is None else layout.steps
     model = load_target(target, dtype=dtype, device=str(where), cls_token_num=prompt_tokens, image_tokens=steps,
                         image_offset=IMAGE_OFFSET, image_codes=vocab.num_codes, extra_ids=extra,
@@ -116,7 +146,4 @@ def load_pieces(family: str, target, vqgan_ckpt, tokenizer, where: torch.device,
             torch.tensor([prompt_tokens - len(r) for r in rows], device=ids.device)[:, None]
         return ids, mask, [{"caption": c} for c in conditions]
 
-    def to_pixels(codes):  # codes [B, N] -> uint8 [B, H, W, 3]
-        return decode_codes(vq, codes.reshape(codes.shape[0], side, side)).cpu().numpy()
-
-    return ChameleonPieces(family, model, vq, agent, layout, prompts, to_pixels)
+    return ChameleonPieces(family, model, vq, agent, layout, prompts, pixels_of(vq, side))
