@@ -152,7 +152,7 @@ def check_family_method(a, spec: dict) -> int | None:
                         "give --drafter (or --drafting jacobi, which needs none)")
     layout, _, _ = family_layout(a.family, DEFAULT_PIXELS[a.family] if a.pixels is None else a.pixels)
     if layout is not None and speculative(spec):  # Lumina-mGPT's: forced eol / eoi tokens
-        refused = layout_refusal(drafting(spec), a.compile == "true")
+        refused = layout_refusal(drafting(spec), a.compile == "true", rule(spec), layout.codebook)
         if refused:
             raise UserError(f"--family {a.family} (forced structural tokens): {refused}")
     width = rule(spec).table_width if speculative(spec) else 0
