@@ -188,14 +188,9 @@ def test_generate_with_a_layout_is_the_authors_ar(greedy, cfg, top_k):
 @pytest.fixture(scope="module")
 def toy_pair():
     """The tiny GPT in float64 with an untrained drafter given random weights, so that drafts are often wrong."""
-    from lantern.engine.models.drafter import Drafter
-    from tiny import tiny_target
+    from tiny import float64_pair
 
-    torch.manual_seed(3)
-    target = tiny_target(scale=3.0).double()
-    drafter = Drafter.from_target(target).eval().double()
-    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
-    return target, drafter
+    return float64_pair()
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])

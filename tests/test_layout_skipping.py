@@ -14,7 +14,7 @@ from lantern.engine.decoding.speculative import decode
 from lantern.engine.models.drafter import Drafter
 from lantern.engine.models.layout import Layout, codes_to_ids
 from lantern.engine.rules.acceptance import AcceptRule
-from tiny import assert_same_decodes, gens, one_thread, tiny_target  # noqa: F401 (fixture)
+from tiny import assert_same_decodes, float64_pair, gens, one_thread, tiny_target  # noqa: F401 (fixture)
 
 TOY = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
 TABLE = torch.stack([torch.roll(torch.arange(15), -i)[1:] for i in range(15)])  # codes 0 .. 14
@@ -33,11 +33,7 @@ def shape(kind: str, every: int = 0):
 @pytest.fixture(scope="module")
 def toy_pair():
     """test_layout.py's pair: the tiny GPT in float64, an untrained drafter with random weights."""
-    torch.manual_seed(3)
-    target = tiny_target(scale=3.0).double()
-    drafter = Drafter.from_target(target).eval().double()
-    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
-    return target, drafter
+    return float64_pair()
 
 
 @pytest.mark.parametrize("kind", KINDS)

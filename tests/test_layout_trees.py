@@ -16,7 +16,7 @@ from lantern.engine.models.drafter import Drafter
 from lantern.engine.models.layout import Layout, code_steps, codes_to_ids, image_logits
 from lantern.engine.rules.acceptance import AcceptRule
 from lantern.errors import UserError
-from tiny import assert_same_decodes, chi_square_pvalue, gens, one_thread, tiny_target  # noqa: F401 (fixture)
+from tiny import assert_same_decodes, chi_square_pvalue, float64_pair, gens, one_thread, tiny_target  # noqa: F401 (fixture)
 
 TOY = Layout("toy", 3, 4, eol=15, code_offset=0, codebook=15, vocab=16)
 TABLE = torch.stack([torch.roll(torch.arange(15), -i)[1:] for i in range(15)])  # codes 0 .. 14
@@ -27,11 +27,7 @@ TREES = {"mc_sim_7b_63": lambda: static_tree("mc_sim_7b_63"), "twin_chain_8": la
 @pytest.fixture(scope="module")
 def toy_pair():
     """test_layout.py's pair: the tiny GPT in float64, an untrained drafter with random weights."""
-    torch.manual_seed(3)
-    target = tiny_target(scale=3.0).double()
-    drafter = Drafter.from_target(target).eval().double()
-    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
-    return target, drafter
+    return float64_pair()
 
 
 @pytest.mark.parametrize("tree", TREES)

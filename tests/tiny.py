@@ -24,6 +24,18 @@ def tiny_target(model_type="c2i", scale=30.0, seed=0, **kw):
     return model
 
 
+def float64_pair():
+    """The layout tests' pair: the tiny GPT in float64 and an untrained drafter with random weights, so that drafts
+    are often wrong."""
+    from lantern.engine.models.drafter import Drafter
+
+    torch.manual_seed(3)
+    target = tiny_target(scale=3.0).double()
+    drafter = Drafter.from_target(target).eval().double()
+    torch.nn.init.normal_(drafter.fc.weight, std=0.3)
+    return target, drafter
+
+
 def save_world(root, target):
     """target.pt, drafter.pt (an untrained drafter for `target`) and vq.pt (a random 16-code VQ) under root."""
     import dataclasses
